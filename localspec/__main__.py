@@ -1,0 +1,3 @@
+from localspec.cli.app import main
+
+main()

@@ -1,0 +1,49 @@
+"""Errors a user can act on. The CLI prints each as one line (no traceback) and exits with its code."""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """Base class: the message is one line that names the fix."""
+
+    exit_code = 1
+
+
+class UsageError(LocalspecError):
+    """Bad arguments or input files (exit 2)."""
+
+    exit_code = 2
+
+
+class ProfileError(UsageError):
+    """A profile file is missing, malformed, or breaks the schema."""
+
+
+class UnsafePathError(UsageError):
+    """A name from a profile or the command line would escape LOCALSPEC_HOME."""
+
+
+class StoreError(LocalspecError):
+    """A model could not be fetched or verified."""
+
+
+class ChecksumError(StoreError):
+    """Downloaded or cached bytes do not match the expected sha256."""
+
+
+class GGUFError(LocalspecError):
+    """A file is not a well-formed GGUF (exit 2)."""
+
+    exit_code = 2
+
+
+class TemplateError(LocalspecError):
+    """A chat template failed to render in the sandbox."""
+
+
+class IncompatibleError(LocalspecError):
+    """Target and draft cannot be paired; the message is the checker's first reason."""
+
+
+class ContextFullError(LocalspecError):
+    """The prompt or conversation does not fit in the model's context window."""

@@ -1,0 +1,51 @@
+"""Where localspec keeps things: everything lives under LOCALSPEC_HOME, and nothing escapes it."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import platformdirs
+
+from localspec.errors import UnsafePathError
+
+ENV_HOME = "LOCALSPEC_HOME"
+# One path component: letters, digits and . _ - only; no leading dot (no "..", no hidden files).
+_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
+
+
+def home() -> Path:
+    """The root of localspec's cache: $LOCALSPEC_HOME, else the platform's user cache dir."""
+    value = os.environ.get(ENV_HOME)
+    return Path(value).expanduser() if value else Path(platformdirs.user_cache_dir("localspec"))
+
+
+def models_dir() -> Path:
+    return home() / "models"
+
+
+def user_profiles_dir() -> Path:
+    return home() / "profiles"
+
+
+def check_component(name: str, what: str) -> str:
+    """Return ``name`` if it is a safe single path component, else raise UnsafePathError."""
+    if not _SAFE_COMPONENT.match(name):
+        raise UnsafePathError(
+            f"{what} {name!r} is not allowed: use letters, digits, '.', '_' and '-' only, "
+            "with no '/' and no leading '.'"
+        )
+    return name
+
+
+def safe_join(base: Path, *components: str, what: str = "name") -> Path:
+    """Join checked components under ``base`` and make sure the result (symlinks resolved) stays inside."""
+    path = base
+    for part in components:
+        path = path / check_component(part, what)
+    root = base.resolve()
+    resolved = path.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise UnsafePathError(f"{what} {'/'.join(components)!r} resolves outside {base}; remove the symlink")
+    return path

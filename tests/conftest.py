@@ -1,0 +1,47 @@
+"""Shared fixtures: an isolated LOCALSPEC_HOME per test, tiny generated GGUF models, the real Qwen pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import TinySpec, write_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def localspec_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own empty LOCALSPEC_HOME, so no test sees the user's cache or another test's."""
+    home = tmp_path_factory.mktemp("localspec-home")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tiny_models_dir):
+    """Factory: ``make_tiny_model(name, **TinySpec fields)`` writes (once per session) and returns a path."""
+    made: dict[str, Path] = {}
+
+    def make(name: str, **fields) -> Path:
+        if name not in made:
+            made[name] = write_tiny_model(tiny_models_dir / f"{name}.gguf", TinySpec(**fields))
+        return made[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_target(make_tiny_model) -> Path:
+    return make_tiny_model("target", seed=0, logit_scale=8.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(make_tiny_model) -> Path:
+    """Same vocabulary and template as ``tiny_target``; weights close to it, so it agrees often but not always."""
+    return make_tiny_model("draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5)

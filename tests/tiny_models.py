@@ -1,0 +1,143 @@
+"""Writes tiny llama-architecture GGUF models with the ``gguf`` package, for fast real engine tests.
+
+The weights are seeded random float32, so greedy output is reproducible. A draft that agrees with its
+target only partly is the target's weights plus seeded noise (``perturb``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '</s>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+WORDS = ["▁the", "▁def", "▁return", "▁hello", "▁world", "▁code", "▁print", "▁x", "▁=", "▁+"]
+LETTERS = list("abcdefghijklmnopqrstuvwxyz") + ["▁"]
+
+
+def default_vocab() -> list[str]:
+    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + LETTERS + WORDS
+
+
+@dataclass
+class TinySpec:
+    """What to vary between test models; defaults give a valid, loadable model."""
+
+    seed: int = 0
+    n_layers: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_ff: int = 128
+    n_ctx: int = 2048
+    # Larger output weights give peakier next-token distributions (useful for sampling tests).
+    logit_scale: float = 1.0
+    perturb_seed: int | None = None
+    perturb_scale: float = 0.0
+    tokens: list[str] = field(default_factory=default_vocab)
+    token_types: list[int] | None = None
+    tokenizer_model: str = "llama"
+    bos_id: int = 1
+    eos_id: int = 2
+    chat_template: str | None = CHAT_TEMPLATE
+    # Extra metadata, e.g. {"tokenizer.ggml.eot_token_id": 2}; values are written with their Python type.
+    extra: dict = field(default_factory=dict)
+
+
+def _types_for(tokens: list[str]) -> list[int]:
+    types = []
+    for i, text in enumerate(tokens):
+        if text.startswith("<0x") and len(text) == 6:
+            types.append(gguf.TokenType.BYTE)
+        elif text in ("<s>", "</s>"):
+            types.append(gguf.TokenType.CONTROL)
+        elif text == "<unk>":
+            types.append(gguf.TokenType.UNKNOWN)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    return types
+
+
+def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
+    n_vocab, d, ff = len(spec.tokens), spec.n_embd, spec.n_ff
+    rng = np.random.default_rng(spec.seed)
+    noise = np.random.default_rng(spec.perturb_seed) if spec.perturb_seed is not None else None
+
+    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
+        w = rng.normal(0.0, scale, size=(rows, cols)).astype(np.float32)
+        if noise is not None:
+            w += noise.normal(0.0, scale * spec.perturb_scale, size=(rows, cols)).astype(np.float32)
+        return w
+
+    ones = np.ones(d, dtype=np.float32)
+    tensors = {
+        "token_embd.weight": mat(n_vocab, d, 1.0),
+        "output_norm.weight": ones,
+        "output.weight": mat(n_vocab, d, 0.15 * spec.logit_scale),
+    }
+    for i in range(spec.n_layers):
+        p = f"blk.{i}."
+        tensors |= {
+            p + "attn_norm.weight": ones,
+            p + "attn_q.weight": mat(d, d),
+            p + "attn_k.weight": mat(d, d),
+            p + "attn_v.weight": mat(d, d),
+            p + "attn_output.weight": mat(d, d),
+            p + "ffn_norm.weight": ones,
+            p + "ffn_gate.weight": mat(ff, d),
+            p + "ffn_up.weight": mat(ff, d),
+            p + "ffn_down.weight": mat(d, ff),
+        }
+    return tensors
+
+
+def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
+    spec = spec or TinySpec()
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"tiny-{spec.seed}")
+    writer.add_context_length(spec.n_ctx)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layers)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head)
+    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model(spec.tokenizer_model)
+    writer.add_token_list(spec.tokens)
+    writer.add_token_scores([-float(i) for i in range(len(spec.tokens))])
+    writer.add_token_types(spec.token_types or _types_for(spec.tokens))
+    writer.add_bos_token_id(spec.bos_id)
+    writer.add_eos_token_id(spec.eos_id)
+    writer.add_unk_token_id(0)
+    if spec.chat_template is not None:
+        writer.add_chat_template(spec.chat_template)
+    for key, value in spec.extra.items():
+        _add_value(writer, key, value)
+    for name, array in _weights(spec).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_value(writer: gguf.GGUFWriter, key: str, value) -> None:
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, list(value))
