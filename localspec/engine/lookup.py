@@ -1,0 +1,94 @@
+"""Prompt lookup: draft tokens by finding the current suffix earlier in the session and copying what followed.
+
+Code edits, quoted files and repeated boilerplate make the answer repeat text the session has already
+seen, and there a lookup drafts long runs for free (no draft model). The index is incremental, so a
+round costs O(max_ngram) however long the session is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+DEFAULT_MAX_NGRAM = 4
+DEFAULT_MIN_NGRAM = 1
+DEFAULT_MAX_DRAFT = 64
+
+
+class PromptLookupProposer:
+    """Drafts the continuation of the longest, most recent earlier occurrence of the history's suffix.
+
+    Feed it every token the session sees with ``extend`` (prompt, earlier turns, accepted tokens) and
+    ask ``propose`` for a draft. The draft is deterministic, so verification treats it as a point mass.
+
+    Args:
+        max_ngram: longest suffix tried first.
+        min_ngram: shortest suffix accepted as a match.
+        max_draft: cap on the draft length, whatever ``propose`` is asked for.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+        min_ngram: int = DEFAULT_MIN_NGRAM,
+        max_draft: int = DEFAULT_MAX_DRAFT,
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        if max_draft < 1:
+            raise ValueError(f"max_draft must be at least 1, got {max_draft}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.max_draft = max_draft
+        self.last_match_len = 0
+        self._tokens: list[int] = []
+        # n-gram -> position of the token that followed its latest occurrence. An n-gram is indexed only
+        # once its follower exists, so the history's own suffix never matches itself.
+        self._follower: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens the session has seen (the prompt, then each accepted batch)."""
+        for token in tokens:
+            position = len(self._tokens)
+            # The new token is the follower of every n-gram that ends just before it.
+            for n in range(self.min_ngram, min(self.max_ngram, position) + 1):
+                self._follower[tuple(self._tokens[position - n : position])] = position
+            self._tokens.append(int(token))
+
+    def truncate(self, n: int) -> None:
+        """Drop history back to its first ``n`` tokens (a reset, or a turn regenerated or edited).
+
+        To drop the oldest turns instead, truncate to 0 and extend with what remains. Rebuilds the index:
+        later occurrences overwrote earlier ones, so they cannot be undone in place.
+        """
+        if not 0 <= n <= len(self._tokens):
+            raise ValueError(f"cannot truncate {len(self._tokens)} tokens to {n}")
+        kept = self._tokens[:n]
+        self._tokens = []
+        self._follower = {}
+        self.extend(kept)
+
+    def propose(self, max_tokens: int) -> list[int]:
+        """Draft up to ``max_tokens`` tokens continuing the history; sets ``last_match_len``.
+
+        Returns:
+            The draft, empty when no suffix of at least ``min_ngram`` tokens occurred earlier.
+        """
+        tokens = self._tokens
+        size = len(tokens)
+        self.last_match_len = 0
+        count = min(max_tokens, self.max_draft)
+        if count <= 0:
+            return []
+        for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
+            start = self._follower.get(tuple(tokens[size - n :]))
+            if start is not None:
+                self.last_match_len = n
+                # Copy what followed the match. A copy that runs into the present means the text repeats
+                # with period size - start, so keep repeating it (as an overlapping LZ77 copy would).
+                copy = tokens[start : start + count]
+                return (copy * -(-count // len(copy)))[:count]
+        return []

@@ -1,0 +1,167 @@
+"""PromptLookupProposer: exact drafts on hand-made histories, and equality with a naive rescan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localspec.engine.lookup import PromptLookupProposer
+
+
+def naive_propose(
+    history: list[int], max_tokens: int, *, max_ngram: int, min_ngram: int, max_draft: int
+) -> tuple[list[int], int]:
+    """The specification as a full rescan: longest suffix first, then its latest earlier occurrence.
+
+    Returns:
+        The draft and the matched n-gram length (0 for no match).
+    """
+    size = len(history)
+    count = min(max_tokens, max_draft)
+    if count <= 0:
+        return [], 0
+    for n in range(max_ngram, min_ngram - 1, -1):
+        suffix = history[size - n :] if n <= size else None
+        # ``end`` is where the earlier occurrence stops; it must leave a token after it, so end < size.
+        for end in range(size - 1, n - 1, -1):
+            if history[end - n : end] == suffix:
+                # Overlapping copy: seq[end + k] where seq is history followed by the draft itself.
+                seq = list(history)
+                for k in range(count):
+                    seq.append(seq[end + k])
+                return seq[size:], n
+    return [], 0
+
+
+def make(history: list[int], **knobs) -> PromptLookupProposer:
+    proposer = PromptLookupProposer(**knobs)
+    proposer.extend(history)
+    return proposer
+
+
+def test_copies_what_followed_the_match():
+    proposer = make([1, 2, 3, 4, 1, 2])
+    assert proposer.propose(2) == [3, 4]
+    assert proposer.last_match_len == 2
+
+
+def test_longest_match_wins_over_a_more_recent_shorter_one():
+    # (5, 1, 2) occurred once, followed by 9; (1, 2) occurred more recently, followed by 8.
+    proposer = make([5, 1, 2, 9, 7, 1, 2, 8, 5, 1, 2])
+    assert proposer.propose(1) == [9]
+    assert proposer.last_match_len == 3
+
+
+def test_most_recent_occurrence_wins():
+    # (0, 1, 2) occurred twice before the suffix, followed by 3 and then by 4.
+    proposer = make([0, 1, 2, 3, 0, 1, 2, 4, 0, 1, 2])
+    assert proposer.propose(2) == [4, 0]
+    assert proposer.last_match_len == 3
+
+
+def test_no_match_gives_nothing():
+    proposer = make([1, 2, 3])
+    assert proposer.propose(8) == []
+    assert proposer.last_match_len == 0
+    assert PromptLookupProposer().propose(8) == []
+
+
+def test_suffix_never_matches_itself():
+    # The only occurrence of (7,) is the last token, and it has no continuation yet.
+    proposer = make([1, 7], min_ngram=1)
+    assert proposer.propose(4) == []
+
+
+def test_min_ngram_rejects_short_matches():
+    assert make([1, 2, 3, 1], min_ngram=2).propose(4) == []
+    assert make([1, 2, 3, 1], min_ngram=1).propose(2) == [2, 3]
+
+
+def test_repetition_is_drafted_as_a_period():
+    # The latest earlier (1, 2) is 3 tokens back, so the draft repeats the period 3, 1, 2.
+    proposer = make([9, 1, 2, 3, 1, 2])
+    assert proposer.propose(7) == [3, 1, 2, 3, 1, 2, 3]
+    assert make([5, 5, 5]).propose(4) == [5, 5, 5, 5]
+
+
+def test_copying_a_file_back_drafts_a_long_run():
+    rng = np.random.default_rng(0)
+    file = rng.integers(0, 50_000, size=300).tolist()
+    proposer = make([*file, 11, 12, *file[:4]])
+    assert proposer.propose(48) == file[4:52]
+    assert proposer.last_match_len == 4
+    assert len(proposer.propose(1000)) == proposer.max_draft
+
+
+def test_extend_is_incremental():
+    proposer = make([1, 2, 3])
+    proposer.extend([1, 2])
+    assert proposer.propose(1) == [3]
+    proposer.extend(np.array([3, 1], dtype=np.int32))
+    draft = proposer.propose(1)
+    assert draft == [2] and type(draft[0]) is int
+    assert len(proposer) == 7
+
+
+def test_truncate_forgets_dropped_tokens():
+    proposer = make([1, 2, 8, 4, 1, 2, 9, 4, 1, 2])
+    assert proposer.propose(1) == [9]
+    proposer.truncate(6)  # [1, 2, 8, 4, 1, 2]
+    assert len(proposer) == 6
+    assert proposer.propose(1) == [8]
+    proposer.truncate(0)
+    assert proposer.propose(1) == []
+    with pytest.raises(ValueError):
+        proposer.truncate(1)
+
+
+def test_max_tokens_and_max_draft_cap_the_draft():
+    proposer = make([1, 2, 3, 4, 5, 1], max_draft=2)
+    assert proposer.propose(10) == [2, 3]
+    assert proposer.propose(1) == [2]
+    assert proposer.propose(0) == []
+
+
+@pytest.mark.parametrize("knobs", [{"min_ngram": 0}, {"min_ngram": 3, "max_ngram": 2}, {"max_draft": 0}])
+def test_rejects_bad_settings(knobs):
+    with pytest.raises(ValueError):
+        PromptLookupProposer(**knobs)
+
+
+# A small alphabet makes matches of every length common; runs of extends, truncates and proposals
+# check that the incremental index always answers what a full rescan of the history answers.
+tokens = st.lists(st.integers(0, 3), max_size=12)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("extend"), tokens),
+        st.tuples(st.just("truncate"), st.floats(0, 1)),
+        st.tuples(st.just("propose"), st.integers(0, 10)),
+    ),
+    max_size=30,
+)
+knobs = st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(1, 12)).map(
+    lambda t: {"min_ngram": t[0], "max_ngram": t[0] + t[1], "max_draft": t[2]}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=steps, knobs=knobs)
+def test_matches_a_naive_rescan(steps, knobs):
+    proposer = PromptLookupProposer(**knobs)
+    history: list[int] = []
+    for op, arg in steps:
+        if op == "extend":
+            proposer.extend(arg)
+            history += arg
+        elif op == "truncate":
+            history = history[: int(arg * len(history))]
+            proposer.truncate(len(history))
+            fresh = make(history, **knobs)
+            assert fresh.propose(10) == proposer.propose(10)
+            assert fresh.last_match_len == proposer.last_match_len
+        assert len(proposer) == len(history)
+        draft = proposer.propose(arg if op == "propose" else 10)
+        expected = naive_propose(history, arg if op == "propose" else 10, **knobs)
+        assert (draft, proposer.last_match_len) == expected
