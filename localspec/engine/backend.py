@@ -1,0 +1,177 @@
+"""The one module that touches llama-cpp-python internals.
+
+``LlamaModel`` loads a GGUF and gives the engine exactly what speculative decoding needs: append tokens
+to the KV cache and get back only the logits rows asked for (via the low-level batch API, so no
+n_ctx x n_vocab score matrix is ever filled), roll the KV cache back to a position, and tokenize.
+An upgrade of llama-cpp-python that moves these internals should break this file only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from localspec.errors import ContextFullError, LocalspecError
+
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+
+
+def default_threads() -> int:
+    """All usable cores on small machines; half of them (physical cores, usually) on larger ones."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return n if n <= 4 else n // 2
+
+
+class LlamaModel:
+    """A GGUF model with its own context and KV cache, driven token batch by token batch.
+
+    ``tokens`` mirrors what the KV cache holds, so callers can reuse a common prefix across calls.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = DEFAULT_N_BATCH,
+        vocab_only: bool = False,
+    ) -> None:
+        import llama_cpp  # deferred: importing it loads the shared library
+
+        self._lib = llama_cpp
+        threads = n_threads or default_threads()
+        try:
+            self._llama = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=n_gpu_layers,
+                logits_all=False,
+                vocab_only=vocab_only,
+                verbose=bool(os.environ.get("LOCALSPEC_DEBUG")),
+            )
+        except ValueError as exc:
+            raise LocalspecError(f"llama.cpp could not load {path}: {exc}; run 'localspec check' on it") from exc
+        self.path = Path(path)
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_threads = threads
+        self.n_vocab: int = self._llama.n_vocab()
+        self.tokens: list[int] = []
+        self._vocab = self._llama._model.vocab
+        self.bos_id: int = self._llama.token_bos()
+        self.eos_id: int = self._llama.token_eos()
+
+    # -- tokenizer -------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self._llama.metadata
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as their text)."""
+        return self._llama._model.token_to_piece(token, special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
+
+    # -- KV cache --------------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def rollback(self, n_past: int) -> None:
+        """Forget everything after the first ``n_past`` tokens in the KV cache."""
+        if n_past < len(self.tokens):
+            self._llama._ctx.kv_cache_seq_rm(0, n_past, -1)
+            del self.tokens[n_past:]
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None) -> np.ndarray:
+        """Append ``tokens`` to the KV cache and return the logits of the last ``n_logits`` of them.
+
+        Returns an (n_logits, n_vocab) float32 array; row i predicts the token after
+        ``tokens[len(tokens) - n_logits + i]``. ``progress(done, total)`` is called between chunks.
+        """
+        n = len(tokens)
+        if n == 0 or not 0 <= n_logits <= min(n, self.n_batch):
+            raise ValueError(f"eval of {n} tokens cannot return {n_logits} logits rows")
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(
+                f"context window full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}; "
+                "use a larger --ctx or a shorter prompt"
+            )
+        first_logit = n - n_logits
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            self._decode(chunk, first_logit - start)
+            self.tokens.extend(chunk)
+            if progress is not None:
+                progress(start + len(chunk), n)
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = self._lib.llama_get_logits(self._llama._ctx.ctx)
+        rows = np.ctypeslib.as_array(ptr, shape=(n_logits * self.n_vocab,))
+        return rows.reshape(n_logits, self.n_vocab).copy()
+
+    def _decode(self, chunk: Sequence[int], first_logit: int) -> None:
+        """One llama_decode over ``chunk``; positions at index >= first_logit produce logits."""
+        batch = self._llama._batch.batch
+        n_past = self.n_past
+        batch.n_tokens = len(chunk)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= first_logit
+        code = self._lib.llama_decode(self._llama._ctx.ctx, batch)
+        if code != 0:
+            # The KV cache may hold part of the chunk; drop it so `tokens` stays the truth.
+            self._llama._ctx.kv_cache_seq_rm(0, n_past, -1)
+            raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
+
+    def close(self) -> None:
+        self._llama.close()
+
+
+def build_info() -> dict[str, object]:
+    """What the installed llama-cpp-python was compiled with (for ``doctor``)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": info.decode() if isinstance(info, bytes) else str(info),
+        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+    }
+

@@ -1,0 +1,104 @@
+"""One object holds every figure a user sees, so the live view, ``run --json`` and ``bench`` agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Counts and times for one generation (one answer)."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually evaluated (the rest came from the KV cache)
+    generated_tokens: int = 0
+    rounds: int = 0  # verification rounds = target forward passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_method: dict[str, int] = field(default_factory=dict)
+    accepted_by_method: dict[str, int] = field(default_factory=dict)
+    rounds_by_method: dict[str, int] = field(default_factory=dict)
+    # per_position_drafted[i] / per_position_accepted[i]: drafts that reached position i / were accepted there.
+    per_position_drafted: list[int] = field(default_factory=list)
+    per_position_accepted: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    overhead_s: float = 0.0
+    first_token_s: float | None = None  # time to first token, from the start of the generation
+    stop_reason: str | None = None
+
+    def record_round(self, method: str, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.rounds_by_method[method] = self.rounds_by_method.get(method, 0) + 1
+        if drafted == 0:
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        self.drafted_by_method[method] = self.drafted_by_method.get(method, 0) + drafted
+        self.accepted_by_method[method] = self.accepted_by_method.get(method, 0) + accepted
+        while len(self.per_position_drafted) < drafted:
+            self.per_position_drafted.append(0)
+            self.per_position_accepted.append(0)
+        # Position i is only judged if every earlier draft token was accepted.
+        for i in range(min(drafted, accepted + 1)):
+            self.per_position_drafted[i] += 1
+            if i < accepted:
+                self.per_position_accepted[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target pass (accepted drafts plus the target's own token)."""
+        return self.generated_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+    @property
+    def decode_s(self) -> float:
+        return self.draft_s + self.verify_s + self.overhead_s
+
+    @property
+    def decode_tok_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tok_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "generated_tokens": self.generated_tokens,
+            "target_passes": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+            "per_position_drafted": list(self.per_position_drafted),
+            "by_method": {
+                m: {
+                    "rounds": self.rounds_by_method.get(m, 0),
+                    "drafted": self.drafted_by_method.get(m, 0),
+                    "accepted": self.accepted_by_method.get(m, 0),
+                }
+                for m in sorted(self.rounds_by_method)
+            },
+            "time_s": {
+                "prefill": round(self.prefill_s, 4),
+                "draft": round(self.draft_s, 4),
+                "verify": round(self.verify_s, 4),
+                "overhead": round(self.overhead_s, 4),
+            },
+            "ttft_s": None if self.first_token_s is None else round(self.first_token_s, 4),
+            "decode_tok_per_s": round(self.decode_tok_per_s, 2),
+            "prefill_tok_per_s": round(self.prefill_tok_per_s, 2),
+            "stop_reason": self.stop_reason,
+        }
