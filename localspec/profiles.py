@@ -189,8 +189,8 @@ class _Reader:
         if not packages or not all(isinstance(p, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in packages):
             raise self.fail(f"{key}.packages", "must be a non-empty list of package names")
         index_url = self.typed(data, "index_url", key, str)
-        if index_url is not None and not index_url.startswith(("https://", "http://", "file://")):
-            raise self.fail(f"{key}.index_url", "must be an http(s):// or file:// URL")
+        if index_url is not None and not index_url.startswith(("https://", "http://")):
+            raise self.fail(f"{key}.index_url", "must be an http:// or https:// URL")
         return Mirror(
             kind=kind,
             packages=tuple(packages),
