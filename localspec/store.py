@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec import paths, pypi_mirror
-from localspec.errors import ChecksumError, StoreError
+from localspec.errors import ChecksumError, StoreError, UsageError
 from localspec.profiles import Mirror, ModelSpec, Profile, check_repo_id
 
 # progress(description, done_bytes, total_bytes); total 0 means unknown.
@@ -49,10 +49,10 @@ class PullResult:
 def spec_from_uri(uri: str) -> ModelSpec:
     """``hf://OWNER/NAME/FILE`` -> a ModelSpec with no known size or hash."""
     if not uri.startswith(HF_SCHEME):
-        raise StoreError(f"{uri!r} is not a model URI: use hf://OWNER/NAME/FILE.gguf")
+        raise UsageError(f"{uri!r} is not a model URI: use hf://OWNER/NAME/FILE.gguf")
     parts = uri[len(HF_SCHEME):].split("/")
     if len(parts) != 3:
-        raise StoreError(f"{uri!r} must have exactly three parts: hf://OWNER/NAME/FILE.gguf")
+        raise UsageError(f"{uri!r} must have exactly three parts: hf://OWNER/NAME/FILE.gguf")
     repo = check_repo_id("/".join(parts[:2]))
     return ModelSpec(repo=repo, file=paths.check_component(parts[2], "model file name"))
 

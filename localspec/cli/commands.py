@@ -6,4 +6,8 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    from localspec.cli import doctor, profiles, pull
+
+    app.add_typer(profiles.app, name="profiles")
+    app.command("pull")(pull.pull_command)
+    app.command("doctor")(doctor.doctor_command)

@@ -1,0 +1,63 @@
+"""``localspec profiles``: list the profiles; ``localspec profiles show NAME``: print one."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from localspec import store
+from localspec.cli.console import out
+from localspec.profiles import DEFAULT_PROFILE, ModelSpec, list_profiles, load_profile
+
+app = typer.Typer(help="List model profiles (target/draft pairs) or show one.", add_completion=False)
+
+
+@app.callback(invoke_without_command=True)
+def list_command(ctx: typer.Context) -> None:
+    """List shipped and user profiles with sizes, method and whether both models are downloaded."""
+    if ctx.invoked_subcommand:
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("name", "target", "draft", "method", "downloaded", "description"):
+        table.add_column(column)
+    for profile in list_profiles():
+        name = profile.name + (" (default)" if profile.name == DEFAULT_PROFILE else "")
+        downloaded = all(store.model_path(s).is_file() for s in (profile.target, profile.draft))
+        table.add_row(
+            name,
+            format_size(profile.target.size),
+            format_size(profile.draft.size),
+            profile.defaults.method,
+            "yes" if downloaded else "no",
+            profile.description,
+        )
+    out.print(table)
+
+
+@app.command("show")
+def show_command(name: str = typer.Argument(..., help="Profile name, as listed by `localspec profiles`.")) -> None:
+    """Print one profile: its file, both models with sources and hashes, and its defaults."""
+    profile = load_profile(name)
+    out.print(f"{profile.name}: {profile.description}")
+    out.print(f"  file: {profile.path}")
+    for role, spec in (("target", profile.target), ("draft", profile.draft)):
+        _print_model(role, spec)
+    out.print("  defaults:")
+    for key, value in vars(profile.defaults).items():
+        out.print(f"    {key} = {'auto' if value is None else value}")
+
+
+def _print_model(role: str, spec: ModelSpec) -> None:
+    cached = store.model_path(spec)
+    out.print(f"  {role}: hf://{spec.label}")
+    out.print(f"    size: {format_size(spec.size)}   sha256: {spec.sha256 or 'not pinned'}")
+    for mirror in spec.mirrors:
+        parts = f"{mirror.packages[0]} .. {mirror.packages[-1]}" if len(mirror.packages) > 1 else mirror.packages[0]
+        out.print(f"    mirror: {mirror.kind} {parts} ({len(mirror.packages)} parts) version {mirror.version}")
+    out.print(f"    cache: {cached}{'' if cached.is_file() else ' (not downloaded)'}")
+
+
+def format_size(size: int | None) -> str:
+    if size is None:
+        return "?"
+    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
