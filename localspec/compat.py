@@ -10,8 +10,10 @@ compare vocabulary sizes only), every id's text is compared.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -372,8 +374,11 @@ class VocabOnlyTokenizer:
     def __init__(self, path: str | Path) -> None:
         import llama_cpp  # deferred: importing it loads the shared library
 
+        # llama-cpp-python's log callback prints llama.cpp warnings (here: "n_ctx_train (0)", meaningless
+        # for a vocabulary) through Python's sys.stderr even with verbose=False; keep them out of the report.
         try:
-            self._llama = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+            with contextlib.redirect_stderr(io.StringIO()):
+                self._llama = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise GGUFError(f"llama.cpp could not load the vocabulary of {path}: {exc}") from None
 

@@ -11,3 +11,6 @@ def register(app: typer.Typer) -> None:
     app.add_typer(profiles.app, name="profiles")
     app.command("pull")(pull.pull_command)
     app.command("doctor")(doctor.doctor_command)
+    from localspec.cli import check
+
+    app.command("check")(check.check_command)
