@@ -49,6 +49,11 @@ class PromptLookupProposer:
     def __len__(self) -> int:
         return len(self._tokens)
 
+    @property
+    def history(self) -> Sequence[int]:
+        """Every token seen so far; change it only through ``extend`` and ``truncate``."""
+        return self._tokens
+
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens the session has seen (the prompt, then each accepted batch)."""
         for token in tokens:

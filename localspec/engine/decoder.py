@@ -1,0 +1,190 @@
+"""The draft-and-verify loop: one target pass per round over [last token + drafts].
+
+``SpeculativeDecoder.generate`` yields a ``Step`` per round with each emitted token's provenance.
+Whatever way the loop ends (EOS, max tokens, a consumer that stops early, Ctrl-C, an error), the
+``finally`` block leaves the target's KV cache holding exactly the emitted context, and the draft's
+a prefix of it, so the next generation can reuse both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+
+from localspec.engine.acceptance import verify_greedy, verify_sampled
+from localspec.engine.backend import LlamaModel
+from localspec.engine.controller import Controller, Plan
+from localspec.engine.lookup import PromptLookupProposer
+from localspec.engine.proposers import Draft, DraftModelProposer
+from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
+from localspec.engine.stats import GenerationStats
+from localspec.errors import ContextFullError, UsageError
+
+
+@dataclass
+class Step:
+    """What one round emitted."""
+
+    tokens: list[int]
+    sources: list[str]  # per token: "target", "draft" or "lookup"
+    method: str  # "none", "lookup" or "draft"
+    drafted: int
+    accepted: int
+
+
+class SpeculativeDecoder:
+    """Generates with a target model, speculating with prompt lookup and/or a draft model.
+
+    Args:
+        target: the model whose output is reproduced exactly.
+        draft: optional draft-model proposer (same tokenizer).
+        method, draft_len: see ``Controller``.
+        draft_cost_ratio: prior guess of a draft step's cost relative to a target step.
+    """
+
+    def __init__(
+        self,
+        target: LlamaModel,
+        *,
+        draft: DraftModelProposer | None = None,
+        method: str = "auto",
+        draft_len: int | None = None,
+        draft_cost_ratio: float = 0.5,
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.lookup = PromptLookupProposer()
+        self.controller = Controller(
+            method, draft_len=draft_len, has_draft_model=draft is not None, draft_cost_ratio=draft_cost_ratio
+        )
+        self.stats = GenerationStats()
+
+    def _sync_lookup(self, context: Sequence[int]) -> None:
+        """Make the lookup history equal ``context``, keeping the index of the common prefix."""
+        seen = self.lookup.history
+        keep = 0
+        for a, b in zip(seen, context):
+            if a != b:
+                break
+            keep += 1
+        if keep < len(seen):
+            self.lookup.truncate(keep)
+        self.lookup.extend(context[keep:])
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        prefill_progress: Callable[[int, int], None] | None = None,
+    ) -> Iterator[Step]:
+        """Yield the rounds of one generation continuing ``prompt`` (the full context, token ids).
+
+        The common prefix with what the target's KV cache already holds is not evaluated again.
+        """
+        if not prompt:
+            raise UsageError("empty prompt: give some text to continue")
+        target = self.target
+        if len(prompt) >= target.n_ctx:
+            raise ContextFullError(
+                f"prompt is {len(prompt)} tokens but the context window is {target.n_ctx}; "
+                "use a larger --ctx or a shorter prompt"
+            )
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
+        rng = np.random.default_rng(sampling.seed)
+        start = perf_counter()
+        keep = min(target.common_prefix(prompt), len(prompt) - 1)
+        target.rollback(keep)
+        self._sync_lookup(prompt)
+        logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress)[0]
+        stats.prefill_tokens = len(prompt) - keep
+        stats.prefill_s = perf_counter() - start
+
+        context = list(prompt)
+        try:
+            token = int(np.argmax(logits)) if sampling.greedy else sample(probabilities(logits, sampling), rng)
+            stats.record_round("none", 0, 0)  # the prefill pass produced the first token
+            step = self._emit(context, Step([token], ["target"], "none", 0, 0), max_tokens)
+            stats.first_token_s = perf_counter() - start
+            yield step
+            while stats.stop_reason is None:
+                step = self._round(context, max_tokens, sampling, rng)
+                if step is not None:
+                    yield step
+        finally:
+            # The last emitted token is never in the KV cache: the next round (or turn) evaluates it.
+            target.rollback(min(target.n_past, len(context) - 1))
+            if self.draft is not None:
+                self.draft.sync(context)
+            stats.controller = self.controller.costs()
+
+    def _round(
+        self, context: list[int], max_tokens: int, sampling: SamplingParams, rng: np.random.Generator
+    ) -> Step | None:
+        stats, target, controller = self.stats, self.target, self.controller
+        round_start = perf_counter()
+        room = target.n_ctx - target.n_past - 1  # drafts that fit after [last token]
+        if room < 0:
+            stats.stop_reason = "context_full"
+            return None
+        lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
+        plan: Plan = controller.plan(lookup_available=len(lookup_tokens), lookup_match_len=self.lookup.last_match_len)
+        k = max(0, min(plan.k, room, max_tokens - stats.generated_tokens - 1))
+        draft_s = 0.0
+        if plan.method == "lookup" and k:
+            draft = Draft(lookup_tokens[:k], None, "lookup")
+        elif plan.method == "draft" and k:
+            t = perf_counter()
+            draft = self.draft.propose(context, k, sampling, rng)
+            draft_s = perf_counter() - t
+            if draft.catch_up_tokens <= 2:  # a long catch-up is a one-off prefill, not a step cost
+                controller.record_draft_step(draft.model_evals, draft_s)
+        else:
+            draft = Draft([], None, "none")
+
+        batch = [context[-1], *draft.tokens]
+        t = perf_counter()
+        logits = target.eval(batch, n_logits=len(batch))
+        verify_s = perf_counter() - t
+        controller.record_pass(len(batch), verify_s)
+        if sampling.greedy:
+            accepted, token = verify_greedy(draft.tokens, logits.argmax(axis=1))
+        else:
+            accepted, token = verify_sampled(draft.tokens, draft.q, ProbabilityRows(logits, sampling), rng)
+        target.rollback(len(context) + accepted)
+
+        drafted = len(draft.tokens)
+        method = draft.source if drafted else "none"
+        controller.record_round(method, self.lookup.last_match_len, drafted, accepted)
+        stats.record_round(method, drafted, accepted)
+        stats.draft_s += draft_s
+        stats.verify_s += verify_s
+        step = Step(
+            draft.tokens[:accepted] + [token], [draft.source] * accepted + ["target"], method, drafted, accepted
+        )
+        step = self._emit(context, step, max_tokens)
+        overhead = perf_counter() - round_start - draft_s - verify_s
+        stats.overhead_s += overhead
+        controller.record_overhead(overhead)
+        return step
+
+    def _emit(self, context: list[int], step: Step, max_tokens: int) -> Step:
+        """Cut the step at an end-of-generation token or the token budget, and append it to the context."""
+        stats = self.stats
+        for i, token in enumerate(step.tokens):
+            if self.target.is_end_of_generation(token):
+                stats.stop_reason = "eos"
+                del step.tokens[i:], step.sources[i:]
+                break
+        budget = max_tokens - stats.generated_tokens
+        if len(step.tokens) >= budget:
+            del step.tokens[budget:], step.sources[budget:]
+            stats.stop_reason = stats.stop_reason or "length"
+        context.extend(step.tokens)
+        self.lookup.extend(step.tokens)
+        stats.generated_tokens += len(step.tokens)
+        return step

@@ -1,0 +1,98 @@
+"""Proposers turn the context into draft tokens for the target to verify.
+
+Two kinds: ``PromptLookupProposer`` (lookup.py) copies spans the session has already seen and is a point
+mass; ``DraftModelProposer`` runs a small model with its own KV cache and, when sampling, keeps q, the
+distribution each draft token was actually drawn from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec.engine.backend import LlamaModel
+from localspec.engine.sampling import SamplingParams, probabilities, sample
+
+DEFAULT_MIN_CONFIDENCE = 0.5
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    # q[i] is the draft distribution at position i, or None for a deterministic proposer (point mass).
+    q: list[np.ndarray] | None
+    source: str  # "draft" or "lookup"
+    catch_up_tokens: int = 0  # context tokens the draft model had to evaluate before drafting
+    model_evals: int = 0  # draft-model forward passes it took
+
+
+class DraftModelProposer:
+    """A small model of the same tokenizer that drafts up to k tokens per round.
+
+    Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
+    one or two catch-up tokens. Drafting stops early when the draft's own top probability falls below
+    ``min_confidence``: a token it is unsure of is rarely accepted and still costs a target row.
+    The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
+    """
+
+    def __init__(self, load: Callable[[], LlamaModel], *, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> None:
+        self._load = load
+        self._model: LlamaModel | None = None
+        self.min_confidence = min_confidence
+
+    @property
+    def model(self) -> LlamaModel:
+        if self._model is None:
+            self._model = self._load()
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Draft:
+        model = self.model
+        # Re-evaluate at least the last context token: its logits give the first draft token.
+        keep = min(model.common_prefix(context), len(context) - 1)
+        model.rollback(keep)
+        max_tokens = min(max_tokens, model.n_ctx - len(context))
+        logits = model.eval(context[keep:], n_logits=1)[0]
+        evals = 1
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        for i in range(max_tokens):
+            if sampling.greedy:
+                token = int(np.argmax(logits))
+                confidence = 1.0 / float(np.exp(logits - logits[token]).sum())
+            else:
+                q = probabilities(logits, sampling)
+                confidence = float(q.max())
+            if confidence < self.min_confidence:
+                break
+            if not sampling.greedy:
+                token = sample(q, rng)
+                qs.append(q)
+            tokens.append(token)
+            if i + 1 < max_tokens:
+                logits = model.eval([token], n_logits=1)[0]
+                evals += 1
+        q = None if sampling.greedy else qs
+        return Draft(tokens, q, "draft", catch_up_tokens=len(context) - keep, model_evals=evals)
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Drop whatever the draft's KV cache holds beyond the agreed context (e.g. after an interrupt)."""
+        if self._model is not None:
+            self._model.rollback(self._model.common_prefix(context))
+
+    def close(self) -> None:
+        if self._model is not None:
+            self._model.close()
+            self._model = None
