@@ -57,11 +57,13 @@ class _Cursor:
     """Reads GGUF fields from a file or a byte prefix, refusing to read past ``limit`` (absolute offset)."""
 
     def __init__(
-        self, what: str, limit: int, limit_reason: str, data: bytes = b"", source: BinaryIO | None = None
+        self, what: str, limit: int, limit_reason: str, *, complete: bool, data: bytes = b"", source: BinaryIO | None = None
     ) -> None:
         self.what = what
         self.limit = limit
         self.limit_reason = limit_reason
+        # False for a prefix that may stop short of the header's end: more bytes could be fetched.
+        self.complete = complete
         self.endian = "<"
         self.pos = 0
         self._source = source
@@ -70,6 +72,14 @@ class _Cursor:
 
     def remaining(self) -> int:
         return self.limit - self.pos
+
+    def check_fits(self, n: int, claim: str) -> None:
+        """Refuse a claimed size before allocating for it; a prefix that is merely short asks for more."""
+        if n <= self.remaining():
+            return
+        if not self.complete and self.pos + n <= MAX_HEADER_BYTES:
+            raise GGUFTruncatedError(f"{self.what}: header truncated: {claim}, past {self.limit_reason}")
+        raise GGUFError(f"{self.what}: {claim}, past the end of the header")
 
     def _need(self, n: int) -> int:
         """Make ``n`` bytes at ``pos`` available; return their offset inside ``_buf``."""
@@ -102,10 +112,8 @@ class _Cursor:
         return self.scalars(fmt)[0]
 
     def string(self) -> str:
-        start = self.pos
         length = self.scalar("Q")
-        if length > self.remaining():
-            raise GGUFError(f"{self.what}: string at byte {start} claims {length} bytes, past the end of the header")
+        self.check_fits(length, f"string at byte {self.pos - 8} claims {length} bytes")
         # surrogateescape keeps two different invalid byte strings different when vocabularies are compared.
         return str(self.take(length), "utf-8", "surrogateescape")
 
@@ -121,10 +129,8 @@ class _Cursor:
                 buf, base, off, end = self._refill(base + off, 8)
             (length,) = unpack_length(buf, off)
             if off + 8 + length > end:
-                if length > self.limit - (base + off + 8):
-                    raise GGUFError(
-                        f"{self.what}: string at byte {base + off} claims {length} bytes, past the end of the header"
-                    )
+                self.pos = base + off + 8
+                self.check_fits(length, f"string at byte {base + off} claims {length} bytes")
                 buf, base, off, end = self._refill(base + off, 8 + length)
             append(str(buf[off + 8 : off + 8 + length], "utf-8", "surrogateescape"))
             off += 8 + length
@@ -154,7 +160,7 @@ def read_header(path: str | Path, *, check_tensors: bool = True) -> Metadata:
                 limit, reason = MAX_HEADER_BYTES, f"localspec's {MAX_HEADER_BYTES >> 20} MiB header limit"
             else:
                 limit, reason = size, f"the end of the file ({size} bytes)"
-            cursor = _Cursor(path.name, limit, reason, source=source)
+            cursor = _Cursor(path.name, limit, reason, complete=True, source=source)
             return _parse(cursor, file_size=size if check_tensors else None)
     except OSError as exc:
         raise GGUFError(f"cannot read {path}: {exc.strerror or exc}") from exc
@@ -168,15 +174,16 @@ def read_header_prefix(data: bytes, *, what: str = "GGUF prefix") -> Metadata:
         GGUFError: as for ``read_header``.
     """
     data = bytes(data[:MAX_HEADER_BYTES])
-    return _parse(_Cursor(what, len(data), f"the {len(data)} bytes fetched", data=data), file_size=None)
+    cursor = _Cursor(what, len(data), f"the {len(data)} bytes fetched", complete=len(data) == MAX_HEADER_BYTES, data=data)
+    return _parse(cursor, file_size=None)
 
 
 def _parse(cur: _Cursor, *, file_size: int | None) -> Metadata:
     tensor_count, kv_count = _preamble(cur)
-    if kv_count * _MIN_KV_SIZE > cur.remaining() or tensor_count * _MIN_TENSOR_INFO_SIZE > cur.remaining():
-        raise GGUFError(
-            f"{cur.what}: header claims {tensor_count} tensors and {kv_count} keys, more than its {cur.limit} bytes can hold"
-        )
+    cur.check_fits(
+        kv_count * _MIN_KV_SIZE + tensor_count * _MIN_TENSOR_INFO_SIZE,
+        f"header claims {tensor_count} tensors and {kv_count} keys",
+    )
     metadata: Metadata = {}
     for _ in range(kv_count):
         key = cur.string()
@@ -219,8 +226,7 @@ def _value(cur: _Cursor, vtype: GGUFValueType, depth: int) -> object:
         raise GGUFError(f"{cur.what}: arrays nested deeper than {MAX_ARRAY_DEPTH} levels")
     etype = _value_type(cur)
     count = cur.scalar("Q")
-    if count * _MIN_SIZES[etype] > cur.remaining():
-        raise GGUFError(f"{cur.what}: array at byte {cur.pos - 12} claims {count} entries, past the end of the header")
+    cur.check_fits(count * _MIN_SIZES[etype], f"array at byte {cur.pos - 12} claims {count} entries")
     if etype == GGUFValueType.STRING:
         return cur.strings(count)
     if etype != GGUFValueType.ARRAY:

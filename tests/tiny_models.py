@@ -46,6 +46,9 @@ class TinySpec:
     bos_id: int = 1
     eos_id: int = 2
     chat_template: str | None = CHAT_TEMPLATE
+    # BPE merges ("a b" rules) and the pre-tokenizer name; left out of the file when None.
+    merges: list[str] | None = None
+    pre_tokenizer: str | None = None
     # Extra metadata, e.g. {"tokenizer.ggml.eot_token_id": 2}; values are written with their Python type.
     extra: dict = field(default_factory=dict)
 
@@ -111,9 +114,13 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model(spec.tokenizer_model)
+    if spec.pre_tokenizer is not None:
+        writer.add_tokenizer_pre(spec.pre_tokenizer)
     writer.add_token_list(spec.tokens)
     writer.add_token_scores([-float(i) for i in range(len(spec.tokens))])
     writer.add_token_types(spec.token_types or _types_for(spec.tokens))
+    if spec.merges is not None:
+        writer.add_token_merges(spec.merges)
     writer.add_bos_token_id(spec.bos_id)
     writer.add_eos_token_id(spec.eos_id)
     writer.add_unk_token_id(0)
