@@ -48,6 +48,8 @@ class TinySpec:
     chat_template: str | None = CHAT_TEMPLATE
     # BPE merges ("a b" rules) and the pre-tokenizer name; left out of the file when None.
     merges: list[str] | None = None
+    # SentencePiece scores (which merge wins); default -id, so earlier tokens win.
+    scores: list[float] | None = None
     pre_tokenizer: str | None = None
     # Extra metadata, e.g. {"tokenizer.ggml.eot_token_id": 2}; values are written with their Python type.
     extra: dict = field(default_factory=dict)
@@ -117,7 +119,7 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     if spec.pre_tokenizer is not None:
         writer.add_tokenizer_pre(spec.pre_tokenizer)
     writer.add_token_list(spec.tokens)
-    writer.add_token_scores([-float(i) for i in range(len(spec.tokens))])
+    writer.add_token_scores(spec.scores or [-float(i) for i in range(len(spec.tokens))])
     writer.add_token_types(spec.token_types or _types_for(spec.tokens))
     if spec.merges is not None:
         writer.add_token_merges(spec.merges)
