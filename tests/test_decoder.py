@@ -1,0 +1,224 @@
+"""The draft-and-verify loop on tiny generated models: lossless greedy and sampled output, KV rollback."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from localspec.engine import acceptance
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.sampling import SamplingParams, probabilities, sample
+from localspec.errors import ContextFullError
+
+PROMPTS = [
+    "hello world the code print x = hello world the code",
+    "def return x = x + x",
+    "the world",
+]
+METHODS = [("lookup", None), ("lookup", 3), ("draft", None), ("draft", 2), ("hybrid", 4), ("auto", None)]
+
+
+def make_decoder(target_path, draft_path=None, *, method="auto", draft_len=None, n_ctx=512, min_confidence=0.5):
+    target = LlamaModel(target_path, n_ctx=n_ctx)
+    load = lambda: LlamaModel(draft_path, n_ctx=n_ctx)  # noqa: E731
+    draft = DraftModelProposer(load, min_confidence=min_confidence) if draft_path else None
+    return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len)
+
+
+def generate(decoder, prompt_tokens, max_tokens=48, sampling=SamplingParams()):
+    return [t for step in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling) for t in step.tokens]
+
+
+@pytest.fixture(scope="module")
+def baselines(tiny_target):
+    decoder = make_decoder(tiny_target, method="none")
+    prompts = [decoder.target.tokenize(p, add_bos=True) for p in PROMPTS]
+    return [(p, generate(decoder, p)) for p in prompts]
+
+
+@pytest.mark.parametrize("method,draft_len", METHODS)
+def test_greedy_output_equals_target_alone(tiny_target, tiny_draft, baselines, method, draft_len):
+    decoder = make_decoder(tiny_target, tiny_draft, method=method, draft_len=draft_len)
+    drafted = 0
+    for prompt, expected in baselines:
+        assert generate(decoder, prompt) == expected
+        drafted += decoder.stats.drafted
+    if method != "auto":
+        assert drafted > 0, "the method never speculated, so the test proved nothing"
+
+
+def test_rejections_happen_with_a_perturbed_draft(tiny_target, tiny_draft, baselines):
+    decoder = make_decoder(tiny_target, tiny_draft, method="draft", draft_len=4)
+    generate(decoder, baselines[1][0])
+    assert 0 < decoder.stats.accepted < decoder.stats.drafted
+
+
+def test_model_as_its_own_draft_accepts_everything(tiny_target, baselines):
+    decoder = make_decoder(tiny_target, tiny_target, method="draft", draft_len=4)
+    assert generate(decoder, baselines[0][0]) == baselines[0][1]
+    assert decoder.stats.drafted > 0 and decoder.stats.accepted == decoder.stats.drafted
+
+
+def test_kv_cache_after_rejections_matches_fresh_evaluation(tiny_target, tiny_draft, baselines):
+    decoder = make_decoder(tiny_target, tiny_draft, method="draft", draft_len=4)
+    prompt = baselines[1][0]
+    out = generate(decoder, prompt, max_tokens=40)
+    assert decoder.stats.accepted < decoder.stats.drafted
+    context = prompt + out
+    assert decoder.target.tokens == context[:-1]
+    next_logits = decoder.target.eval([context[-1]])[0]
+    fresh = LlamaModel(tiny_target, n_ctx=512).eval(context)[0]
+    np.testing.assert_allclose(next_logits, fresh, atol=1e-3, rtol=1e-3)
+
+
+def test_stopping_early_leaves_caches_consistent(tiny_target, tiny_draft, baselines):
+    """A consumer that breaks mid-answer (Ctrl-C, a stop string) must not disturb the next generation."""
+    prompt, expected = baselines[2]
+    decoder = make_decoder(tiny_target, tiny_draft, method="hybrid", draft_len=4)
+    steps = decoder.generate(prompt, max_tokens=48)
+    next(steps), next(steps), next(steps)
+    steps.close()
+    assert generate(decoder, prompt) == expected
+    # And continuing a conversation from a prefix of the cache works the same as a fresh session.
+    fresh = make_decoder(tiny_target, method="none")
+    follow_up = prompt + expected[:10] + prompt[1:5]
+    assert generate(decoder, follow_up) == generate(fresh, follow_up)
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tiny_target):
+    decoder = make_decoder(tiny_target, method="none", n_ctx=32)
+    with pytest.raises(ContextFullError, match="context window"):
+        generate(decoder, list(range(3, 40)))
+
+
+def test_generation_stops_cleanly_at_a_full_context(tiny_target, tiny_draft):
+    decoder = make_decoder(tiny_target, tiny_draft, method="hybrid", n_ctx=64)
+    prompt = decoder.target.tokenize(PROMPTS[0], add_bos=True)
+    out = generate(decoder, prompt, max_tokens=500)
+    assert decoder.stats.stop_reason == "context_full"
+    assert len(prompt) + len(out) == 65  # n_ctx tokens in the cache plus the last, unevaluated one
+    assert out == generate(make_decoder(tiny_target, method="none", n_ctx=64), prompt, max_tokens=500)
+
+
+# --- sampling: the speculative output distribution equals target-alone sampling ----------------------
+
+SAMPLING = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
+N_TOKENS = 4
+N_SAMPLES = 3000
+ALPHA = 1e-3  # false-alarm rate of the goodness-of-fit test
+
+
+@pytest.fixture(scope="module")
+def spread_pair(make_tiny_model):
+    target = make_tiny_model("spread-target", seed=5, logit_scale=2.0)
+    draft = make_tiny_model("spread-draft", seed=5, logit_scale=2.0, perturb_seed=9, perturb_scale=0.4)
+    return target, draft
+
+
+def exact_sequence_distribution(model_path, prompt):
+    """P(first N_TOKENS tokens, or fewer before an end token) for target-alone sampling, by enumerating the top-k tree."""
+    model = LlamaModel(model_path, n_ctx=256)
+    dist = {}
+
+    def walk(prefix, prob):
+        if len(prefix) == N_TOKENS:
+            dist[tuple(prefix)] = prob
+            return
+        model.reset()
+        p = probabilities(model.eval(prompt + prefix)[0], SAMPLING)
+        for token in np.flatnonzero(p):
+            if model.is_end_of_generation(int(token)):
+                dist[tuple(prefix)] = dist.get(tuple(prefix), 0.0) + prob * p[token]
+            else:
+                walk(prefix + [int(token)], prob * p[token])
+
+    walk([], 1.0)
+    return dist
+
+
+def sequence_pvalue(decoder, prompt, dist):
+    """Chi-square p-value of N_SAMPLES seeded generations against ``dist``; also (drafted, accepted).
+
+    A sequence that target-alone sampling can never produce makes the p-value 0.
+    """
+    counts = dict.fromkeys(dist, 0)
+    drafted = accepted = impossible = 0
+    for seed in range(N_SAMPLES):
+        out = tuple(generate(decoder, prompt, N_TOKENS, SamplingParams(**{**SAMPLING.__dict__, "seed": seed})))
+        if out in counts:
+            counts[out] += 1
+        else:
+            impossible += 1
+        drafted += decoder.stats.drafted
+        accepted += decoder.stats.accepted
+    keys = sorted(dist, key=dist.get, reverse=True)
+    expected = np.array([dist[k] for k in keys]) * N_SAMPLES
+    observed = np.array([counts[k] for k in keys], dtype=float)
+    # Pool the rare sequences so every cell expects at least 5 samples.
+    big = expected >= 5
+    expected = np.append(expected[big], expected[~big].sum())
+    observed = np.append(observed[big], observed[~big].sum())
+    pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    return (0.0 if impossible else pvalue), drafted, accepted
+
+
+@pytest.fixture(scope="module")
+def sampling_case(spread_pair):
+    target, draft = spread_pair
+    prompt = LlamaModel(target, n_ctx=256, vocab_only=True).tokenize("hello world", add_bos=True)
+    return target, draft, prompt, exact_sequence_distribution(target, prompt)
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "lookup"])
+def test_sampled_output_follows_target_distribution(sampling_case, method):
+    target, draft, prompt, dist = sampling_case
+    decoder = make_decoder(target, draft, method=method, draft_len=2, min_confidence=0.0)
+    if method == "lookup":
+        # Show the prompt once followed by the target's likeliest continuation, so lookup copies
+        # plausible tokens that are sometimes accepted and sometimes not.
+        likely = generate(make_decoder(target, method="none"), prompt, N_TOKENS)
+        prompt = prompt + likely + prompt[1:]
+        dist = exact_sequence_distribution(target, prompt)
+    pvalue, drafted, accepted = sequence_pvalue(decoder, prompt, dist)
+    assert pvalue > ALPHA
+    if method != "none":
+        # Both acceptances and rejections (residual draws) must have happened for the test to mean much.
+        assert 0.1 * drafted < accepted < 0.9 * drafted
+
+
+def _bonus_from_draft(draft, q, p, rng):
+    n, token = acceptance.verify_sampled(draft, q, p, rng)
+    if q is not None and n == len(draft) and draft:
+        token = sample(q[-1], rng)  # the bug: bonus token drawn from the draft's distribution
+    return n, token
+
+
+def _residual_is_p(draft, q, p, rng):
+    for i, token in enumerate(draft):
+        if rng.random() * q[i][token] < p[i][token]:
+            continue
+        return i, sample(p[i], rng)  # the bug: resampling from p instead of normalize(max(p - q, 0))
+    return len(draft), sample(p[len(draft)], rng)
+
+
+@pytest.mark.parametrize("broken", [_bonus_from_draft, _residual_is_p], ids=["bonus-from-draft", "residual-is-p"])
+def test_the_distribution_check_catches_broken_rules(sampling_case, monkeypatch, broken):
+    """Negative control: the same test must fail for the bugs peers have shipped."""
+    target, draft, prompt, dist = sampling_case
+    monkeypatch.setattr("localspec.engine.decoder.verify_sampled", broken)
+    decoder = make_decoder(target, draft, method="draft", draft_len=2, min_confidence=0.0)
+    assert sequence_pvalue(decoder, prompt, dist)[0] < ALPHA
+
+
+def test_same_seed_same_output(spread_pair):
+    target, draft = spread_pair
+    decoder = make_decoder(target, draft, method="draft", draft_len=3)
+    prompt = decoder.target.tokenize("the code", add_bos=True)
+    sp = SamplingParams(temperature=0.8, seed=42)
+    assert generate(decoder, prompt, 30, sp) == generate(decoder, prompt, 30, sp)
+
+
