@@ -281,6 +281,7 @@ def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
             tqdm_class=_progress_tqdm(progress, f"{spec.file} (Hugging Face)"),
         )
     except Exception as exc:  # huggingface_hub raises many types; each becomes one line below
+        _tidy_staging(staging)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise  # becomes DiskFullError in _download
         raise StoreError(_hub_failure(exc)) from exc
@@ -289,6 +290,19 @@ def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
         _check_and_install(spec, staged, dest, _sha256_file(staged, progress, f"verifying {spec.file}"), "Hugging Face")
     finally:
         staged.unlink(missing_ok=True)
+        _tidy_staging(staging)
+
+
+def _tidy_staging(staging: Path) -> None:
+    """Drop the Hub's staging dir unless it holds a partial download that the next pull can resume."""
+    if any(staging.rglob("*.incomplete")):
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+    for parent in (staging.parent, staging.parent.parent):  # .incoming/OWNER, then .incoming, once empty
+        try:
+            parent.rmdir()
+        except OSError:
+            return
 
 
 def _hub_prefix(spec: ModelSpec, max_bytes: int) -> bytes:
@@ -329,7 +343,11 @@ def _hub_failure(exc: Exception) -> str:
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     if isinstance(exc, LocalEntryNotFoundError):
-        return f"{_hub_endpoint()} is unreachable"
+        # huggingface_hub wraps the HEAD request's failure; an HTTP status means the Hub did answer.
+        status = getattr(getattr(exc.__cause__, "response", None), "status_code", None)
+        if status == 404:
+            return "file not found in the repo (HTTP 404)"
+        return f"HTTP {status} from {_hub_endpoint()}" if status else f"{_hub_endpoint()} is unreachable"
     if isinstance(exc, GatedRepoError):
         return "repo is gated: accept its license on the Hub and set HF_TOKEN"
     if isinstance(exc, RepositoryNotFoundError):

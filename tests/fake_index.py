@@ -1,6 +1,8 @@
 """A real HTTP server speaking the PyPI "simple" API, serving wheels built here: a stand-in for a remote index.
 
-Also: an HF_ENDPOINT on a closed local port, so the Hugging Face source fails at once as it does offline.
+The same server can also answer like the Hugging Face Hub's ``/OWNER/NAME/resolve/main/FILE`` (HEAD with
+ETag and commit headers, GET with Range) for files put in ``hub``. By default HF_ENDPOINT points at a closed
+local port, so the Hub source fails at once as it does on machines without Hugging Face access.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from localspec.profiles import Mirror, ModelSpec
 @dataclass
 class FakeIndex:
     url: str = ""
+    root: str = ""  # the server itself; set HF_ENDPOINT to it to use the fake Hub
+    hub: dict[str, bytes] = field(default_factory=dict)  # "OWNER/NAME/FILE" -> bytes
     html: bool = False  # serve PEP 503 HTML instead of PEP 691 JSON
     wheels: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # normalized package -> (filename, bytes)
     broken: set[str] = field(default_factory=set)  # packages whose wheel download stops halfway
@@ -73,15 +77,35 @@ def _handler(index: FakeIndex):
         def log_message(self, *args) -> None:  # keep test output clean
             pass
 
+        def do_HEAD(self) -> None:
+            self._hub_file(send_body=False)
+
         def do_GET(self) -> None:
             index.requests.append(self.path)
             parts = self.path.strip("/").split("/")
-            if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.wheels:
+            if len(parts) == 5 and parts[2:4] == ["resolve", "main"]:
+                self._hub_file(send_body=True)
+            elif parts[0] == "simple" and len(parts) == 2 and parts[1] in index.wheels:
                 self._project_page(parts[1])
             elif parts[0] == "files" and len(parts) == 3 and parts[1] in index.wheels:
                 self._wheel(parts[1])
             else:
                 self.send_error(404)
+
+        def _hub_file(self, send_body: bool) -> None:
+            parts = self.path.strip("/").split("/")
+            data = index.hub.get("/".join(parts[:2] + parts[4:])) if len(parts) == 5 else None
+            if data is None:
+                self.send_error(404)
+                return
+            start, end = _byte_range(self.headers.get("Range"), len(data))
+            self.send_response(206 if self.headers.get("Range") else 200)
+            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("X-Repo-Commit", "0" * 40)
+            self.send_header("Content-Length", str(end - start))
+            self.end_headers()
+            if send_body:
+                self.wfile.write(data[start:end])
 
         def _project_page(self, package: str) -> None:
             filename, data = index.wheels[package]
@@ -121,7 +145,8 @@ def fake_index(monkeypatch) -> FakeIndex:
     """A running fake index; the Hub points at a closed port so every download comes from the index."""
     index = FakeIndex()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
-    index.url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    index.root = f"http://127.0.0.1:{server.server_address[1]}"
+    index.url = f"{index.root}/simple"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
@@ -132,9 +157,17 @@ def fake_index(monkeypatch) -> FakeIndex:
     server.server_close()
 
 
+def _byte_range(header: str | None, size: int) -> tuple[int, int]:
+    """(start, end) for "bytes=A-" or "bytes=A-B"; the whole file without a header."""
+    if not header:
+        return 0, size
+    first, _, last = header.removeprefix("bytes=").partition("-")
+    return int(first), min(size, int(last) + 1) if last else size
+
+
 def hidden_leftovers(root) -> list[str]:
-    """Temp files or dirs the store left in the model cache (the Hub's resumable staging excluded)."""
+    """Temp files or dirs the store left in the model cache (only a resumable Hub partial may stay)."""
     if not root.exists():
         return []
-    return [str(p.relative_to(root)) for p in root.rglob(".*") if ".incoming" not in p.parts]
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.name.startswith(".") and not p.name.endswith(".incomplete")]
 

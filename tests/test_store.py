@@ -179,3 +179,44 @@ def _corrupt_keeping_mtime(path):
 
 def _must_not_hash(*args, **kwargs):
     raise AssertionError("an unchanged cached file must not be re-hashed")
+
+
+def test_the_hub_comes_first_when_it_answers(fake_index, monkeypatch):
+    spec = fake_index.model("tiny", PAYLOAD)
+    fake_index.hub[spec.label] = PAYLOAD
+    monkeypatch.setenv("HF_ENDPOINT", fake_index.root)
+    calls = []
+    path = store.resolve_model(spec, progress=lambda d, done, total: calls.append(d))
+    assert path.read_bytes() == PAYLOAD
+    assert not [r for r in fake_index.requests if r.startswith(("/simple/", "/files/"))]
+    assert any("Hugging Face" in d for d in calls)
+    assert hidden_leftovers(paths.models_dir()) == []
+
+
+def test_a_bad_hub_file_falls_back_to_the_mirror(fake_index, monkeypatch):
+    spec = fake_index.model("tiny", PAYLOAD)
+    fake_index.hub[spec.label] = b"GGUF" + b"\0" * (len(PAYLOAD) - 4)
+    monkeypatch.setenv("HF_ENDPOINT", fake_index.root)
+    assert store.resolve_model(spec).read_bytes() == PAYLOAD
+    assert [r for r in fake_index.requests if r.startswith("/files/")]
+
+
+def test_a_file_missing_on_the_hub_is_reported(fake_index, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", fake_index.root)
+    with pytest.raises(StoreError, match="Hugging Face: .*not found"):
+        store.resolve_model(ModelSpec(repo="test/none", file="none.gguf"))
+
+
+def test_header_prefix_from_the_hub_is_a_range_request(fake_index, monkeypatch):
+    spec = ModelSpec(repo="test/hubonly", file="h.gguf")
+    fake_index.hub[spec.label] = PAYLOAD
+    monkeypatch.setenv("HF_ENDPOINT", fake_index.root)
+    assert store.header_prefix(spec, 32) == PAYLOAD[:32]
+    assert not store.model_path(spec).exists()
+
+
+@pytest.mark.real
+def test_the_real_qwen_pair_is_cached_and_verified(qwen_pair):
+    target, draft = qwen_pair
+    assert (target.stat().st_size, draft.stat().st_size) == (1117320768, 491400064)
+    assert all(p.open("rb").read(4) == b"GGUF" for p in qwen_pair)
