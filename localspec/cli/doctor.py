@@ -17,7 +17,9 @@ from localspec.cli.console import err, out
 from localspec.cli.profiles import format_size
 
 # CPU features that decide which llama.cpp kernels can run.
-CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+CPU_FLAGS = (
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
+)
 # The AMX backend's own symbols/buffer-type name; "ggml_cpu_has_amx_int8" alone is only a feature probe.
 _AMX_BACKEND = re.compile(rb"ggml_backend_amx|\x00AMX\x00")
 
@@ -43,7 +45,8 @@ def _report_llama(cpu_flags: list[str]) -> bool:
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
     out.print(f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')} ({llama_cpp.__file__})")
     out.print(f"llama.cpp build: {system_info}")
-    out.print(f"GPU offload: {gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else 'none (CPU only)'}")
+    offload = gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else "none (CPU only)"
+    out.print(f"GPU offload: {offload}")
     if not has_amx_backend(lib_dir, system_info):
         return True
     crashes_here = any(flag.startswith("amx") for flag in cpu_flags)
