@@ -14,3 +14,6 @@ def register(app: typer.Typer) -> None:
     from localspec.cli import check
 
     app.command("check")(check.check_command)
+    from localspec.cli import run
+
+    app.command("run")(run.run_command)

@@ -5,4 +5,4 @@ from __future__ import annotations
 from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -8,7 +8,9 @@ An upgrade of llama-cpp-python that moves these internals should break this file
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +20,28 @@ from localspec.errors import ContextFullError, LocalspecError
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
+
+
+_log_callback = None  # kept referenced: llama.cpp holds a raw pointer to it
+
+
+def _quiet_llama_logs(llama_cpp) -> None:
+    """Send llama.cpp's log to stderr only with LOCALSPEC_DEBUG set.
+
+    llama-cpp-python's own callback maps ggml's log levels with an outdated table, so warnings such as
+    "n_ctx_seq > n_ctx_train" reach the terminal even with verbose=False.
+    """
+    global _log_callback
+    if _log_callback is not None:
+        return
+
+    @llama_cpp.llama_log_callback
+    def callback(level, text, user_data):
+        if os.environ.get("LOCALSPEC_DEBUG"):
+            sys.stderr.write(text.decode("utf-8", "replace"))
+
+    _log_callback = callback
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
 def default_threads() -> int:
@@ -45,6 +69,7 @@ class LlamaModel:
         import llama_cpp  # deferred: importing it loads the shared library
 
         self._lib = llama_cpp
+        _quiet_llama_logs(llama_cpp)
         threads = n_threads or default_threads()
         try:
             self._llama = llama_cpp.Llama(
@@ -67,6 +92,7 @@ class LlamaModel:
         self.n_threads = threads
         self.n_vocab: int = self._llama.n_vocab()
         self.tokens: list[int] = []
+        self._pieces: dict[int, bytes] = {}
         self._vocab = self._llama._model.vocab
         self.bos_id: int = self._llama.token_bos()
         self.eos_id: int = self._llama.token_eos()
@@ -81,7 +107,16 @@ class LlamaModel:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (special tokens render as their text)."""
-        return self._llama._model.token_to_piece(token, special=True)
+        piece = self._pieces.get(token)
+        if piece is None:
+            size = 64
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True)
+            if n < 0:  # the piece is longer than the buffer: -n is the size needed
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")

@@ -1,0 +1,56 @@
+"""From tokens to text: incremental UTF-8 decoding, stop strings, and each piece's provenance."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import Step
+
+
+@dataclass
+class TextPiece:
+    text: str
+    source: str  # "target", "draft" or "lookup": where the token(s) behind this text came from
+    step: Step  # the round it belongs to, for live figures
+
+
+def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
+    """Turn decoder steps into text pieces, ending at the first stop string (which is not emitted).
+
+    Text that could be the start of a stop string is held back until it is known not to be one. When a
+    stop string is found the step iterator is closed, so the decoder rolls its caches back at once.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    held = ""  # decoded text not yet emitted: an incomplete character or a possible stop-string start
+    source, step = "target", None
+    longest_stop = max((len(s) for s in stop), default=0)
+    iterator = iter(steps)
+    try:
+        for step in iterator:
+            for token, source in zip(step.tokens, step.sources):
+                held += decoder.decode(model.token_bytes(token))
+                if not stop:
+                    if held:
+                        yield TextPiece(held, source, step)
+                        held = ""
+                    continue
+                cut = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    if cut:
+                        yield TextPiece(held[:cut], source, step)
+                    if hasattr(iterator, "close"):
+                        iterator.close()
+                    return
+                safe = len(held) - (longest_stop - 1)
+                if safe > 0:
+                    yield TextPiece(held[:safe], source, step)
+                    held = held[safe:]
+        held += decoder.decode(b"", final=True)
+        if held and step is not None:
+            yield TextPiece(held, source, step)
+    finally:
+        if hasattr(iterator, "close"):
+            iterator.close()

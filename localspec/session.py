@@ -1,0 +1,95 @@
+"""Opening a target/draft pair for generation: find the files, refuse an incompatible pair, build the decoder.
+
+``run``, ``chat`` and ``bench`` all open models through here, so they load, check and configure alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec import compat, store
+from localspec.engine.backend import DEFAULT_N_CTX, LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.proposers import DraftModelProposer
+from localspec.errors import IncompatibleError, UsageError
+from localspec.gguf_header import read_header
+from localspec.profiles import DEFAULT_PROFILE, Profile, load_profile
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    n_ctx: int = DEFAULT_N_CTX
+    threads: int | None = None
+    gpu_layers: int = -1
+    draft_gpu_layers: int = -1
+
+
+@dataclass(frozen=True)
+class Pair:
+    target: Path
+    draft: Path | None
+    label: str  # the profile name, or the target file name
+    profile: Profile | None = None
+
+
+def resolve_pair(
+    *,
+    profile: str | None = None,
+    target: Path | None = None,
+    draft: Path | None = None,
+    offline: bool = False,
+    progress: Callable | None = None,
+) -> Pair:
+    """Local ``target``/``draft`` files, or a profile's pair (downloaded and verified if not cached yet)."""
+    if target is None and draft is not None:
+        raise UsageError("--draft needs --target; or use --profile NAME")
+    if target is not None:
+        if profile is not None:
+            raise UsageError("give either --profile or --target/--draft, not both")
+        for path in (target, draft):
+            if path is not None and not path.is_file():
+                raise UsageError(f"{path} is not a file: give a local GGUF path")
+        return Pair(target, draft, target.name)
+    chosen = load_profile(profile or DEFAULT_PROFILE)
+    target_path = store.resolve_model(chosen.target, offline=offline, progress=progress)
+    draft_path = store.resolve_model(chosen.draft, offline=offline, progress=progress)
+    return Pair(target_path, draft_path, chosen.name, chosen)
+
+
+def ensure_compatible(pair: Pair, *, force: bool = False) -> compat.Report | None:
+    """Run the checker on the pair; an incompatible pair is refused unless ``force``."""
+    if pair.draft is None:
+        read_header(pair.target)  # still validate the header before llama.cpp parses the file
+        return None
+    report = compat.pair_report(pair.target, pair.draft)
+    if not report.compatible and not force:
+        raise IncompatibleError(
+            f"target and draft are incompatible: {report.first_reason} "
+            f"(details: localspec check {pair.target} {pair.draft}; --force to run anyway)"
+        )
+    return report
+
+
+def open_decoder(
+    pair: Pair, options: ModelOptions, *, method: str = "auto", draft_len: int | None = None
+) -> SpeculativeDecoder:
+    """Load the target now and the draft on first use (``auto`` may never need it)."""
+    target = LlamaModel(pair.target, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.gpu_layers)
+    draft = None
+    ratio = 0.5
+    if pair.draft is not None:
+        draft_path = pair.draft
+
+        def load_draft() -> LlamaModel:
+            return LlamaModel(
+                draft_path, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.draft_gpu_layers
+            )
+
+        draft = DraftModelProposer(load_draft)
+        # A decode step streams the weights once, so the file-size ratio is a fair first guess of the cost ratio.
+        ratio = draft_path.stat().st_size / pair.target.stat().st_size
+    if method in ("draft", "hybrid") and draft is None:
+        raise UsageError(f"--method {method} needs a draft model: pass --draft PATH or use --profile")
+    return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio)
