@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec import paths
+from localspec.engine.controller import METHODS
 from localspec.errors import ProfileError, UnsafePathError
 
 if sys.version_info >= (3, 11):
@@ -22,7 +23,6 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 DEFAULT_PROFILE = "qwen-coder-1.5b"
-METHODS = ("auto", "draft", "lookup", "none")
 MIRROR_KINDS = ("pypi",)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
