@@ -26,7 +26,6 @@ from localspec.profiles import ModelSpec
 from localspec.gguf_header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
 from localspec.templates import render_chat, template_security_findings
 
-SEVERITIES = ("ok", "warning", "error", "security")
 FIRST_DIFFERENCES_SHOWN = 5
 # Token types whose text never comes out of normal text: differing there cannot change what users see.
 _SPECIAL_TYPES = frozenset({TokenType.UNKNOWN, TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNUSED})
@@ -89,7 +88,7 @@ SAMPLE_TEXTS = (
 @dataclass(frozen=True)
 class Finding:
     code: str
-    severity: str  # one of SEVERITIES
+    severity: str  # "ok", "warning", "error" or "security"
     title: str
     detail: str = ""
 
