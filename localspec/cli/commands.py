@@ -17,3 +17,9 @@ def register(app: typer.Typer) -> None:
     from localspec.cli import run
 
     app.command("run")(run.run_command)
+    from localspec.cli import chat
+
+    app.command("chat")(chat.chat_command)
+    from localspec.cli import bench
+
+    app.command("bench")(bench.bench_command)

@@ -9,10 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from localspec.cli import options as o
-from localspec.cli.console import err
+from localspec.cli.console import err, out
 from localspec.conversation import Conversation
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
+from localspec.tui import LiveView
 
 
 def run_command(
@@ -48,11 +49,16 @@ def run_command(
     pair, decoder, sampling = generation.open()
     conversation = Conversation(decoder, system=system, chat=chat)
     pieces = []
-    for piece in conversation.ask(text, max_tokens=max_tokens, sampling=sampling, stop=stop or ()):
-        pieces.append(piece.text)
-        if not json_output:
-            sys.stdout.write(piece.text)
-            sys.stdout.flush()
+    stream = conversation.ask(text, max_tokens=max_tokens, sampling=sampling, stop=stop or ())
+    live = not json_output and sys.stdout.isatty()
+    if live:
+        pieces.append(LiveView(out, decoder).stream(stream))  # ends with a newline of its own
+    else:
+        for piece in stream:
+            pieces.append(piece.text)
+            if not json_output:
+                sys.stdout.write(piece.text)
+                sys.stdout.flush()
     stats = decoder.stats
     if json_output:
         result = {
@@ -64,7 +70,7 @@ def run_command(
         }
         print(json.dumps(result))
     else:
-        sys.stdout.write("\n")
+        sys.stdout.write("" if live else "\n")
         err.print(summary_line(stats), highlight=False)
     if stats.stop_reason == "context_full":
         raise ContextFullError(f"the context window ({decoder.target.n_ctx} tokens) filled up; use a larger --ctx")
