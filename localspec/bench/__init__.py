@@ -1,0 +1,1 @@
+"""``localspec bench``'s engine side: workloads (``workloads``), measuring (``runner``), results (``report``)."""

@@ -1,0 +1,284 @@
+"""Runs a benchmark: target alone (the baseline) and each speculative configuration, prompt by prompt.
+
+How figures are kept honest on a shared, noisy machine:
+
+- An untimed warm-up first: every configuration generates a few tokens, which loads the draft model and
+  gives every controller its first cost measurements.
+- The baseline (method "none", the same target and code path) is measured in the same run, interleaved
+  with the speculative configurations: for each prompt and run, every configuration generates once, in an
+  order rotated per run, so machine drift hits all of them alike. Speedup is the ratio of decode tok/s
+  to the baseline's in the same round, prompt by prompt.
+- Every timed generation finds the KV caches as a real request would: empty for a one-shot prompt (so
+  TTFT is a full prefill, and a draft model pays its own prompt catch-up inside the decode time), and
+  holding the earlier turns for the last turn of a multi-turn session.
+- Greedy speculative output is compared token by token with the baseline's.
+- Next to the measured speedup, the speedup Leviathan et al.'s formula predicts from this run's measured
+  acceptance and measured costs: per round, expected tokens 1 + a + ... + a^k for a target pass of k + 1
+  tokens plus k draft steps, against one token per one-token pass. The gap is overhead and model error.
+
+Each configuration gets its own decoder (and so its own controller and learned acceptance) over the
+shared target and draft models, so one configuration's beliefs never leak into another's figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from localspec.bench.workloads import BenchPrompt
+from localspec.conversation import TEMPLATE_KEY, Conversation
+from localspec.engine.backend import LlamaModel
+from localspec.engine.controller import expected_tokens
+from localspec.engine.decoder import SpeculativeDecoder, Step
+from localspec.engine.sampling import SamplingParams
+from localspec.engine.stats import GenerationStats
+
+DEFAULT_RUNS = 3
+DEFAULT_MAX_TOKENS = 192
+DEFAULT_WARMUP_TOKENS = 16
+USES_DRAFT = ("draft", "hybrid", "auto")
+
+Progress = Callable[[str, int, int], None]  # (what is running, done, total)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One speculative configuration; ``draft_len`` None lets the controller choose (shown as "auto")."""
+
+    method: str
+    draft_len: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.method == "none":
+            return "none"
+        return f"{self.method} k={self.draft_len or 'auto'}"
+
+
+BASELINE = Config("none")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    configs: Sequence[Config]  # the baseline is added first if missing
+    runs: int = DEFAULT_RUNS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingParams = SamplingParams()
+    warmup_tokens: int = DEFAULT_WARMUP_TOKENS
+
+    @property
+    def all_configs(self) -> list[Config]:
+        return [BASELINE, *(c for c in self.configs if c != BASELINE)]
+
+
+@dataclass(frozen=True)
+class FirstDifference:
+    """Where a speculative output first leaves the baseline's (a token is None where one output ended)."""
+
+    index: int
+    baseline: int | None
+    speculative: int | None
+    baseline_text: str = ""
+    speculative_text: str = ""
+
+
+@dataclass
+class Measurement:
+    """One timed generation."""
+
+    tokens: list[int]
+    stats: GenerationStats
+    speedup: float | None = None  # decode tok/s over the baseline's in the same round; None when unmeasurable
+    expected_speedup: float | None = None
+
+
+@dataclass
+class PromptRecord:
+    """All runs of one configuration on one prompt."""
+
+    prompt: BenchPrompt
+    config: Config
+    runs: list[Measurement] = field(default_factory=list)
+    difference: FirstDifference | None = None  # first greedy difference from the baseline, if any
+
+
+@dataclass
+class BenchResult:
+    settings: BenchSettings
+    prompts: list[BenchPrompt]
+    records: list[PromptRecord]
+
+    @property
+    def greedy(self) -> bool:
+        return self.settings.sampling.greedy
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    prompt: BenchPrompt
+    tokens: list[int]
+    cached: int  # tokens a real session would already hold in its KV caches (earlier turns)
+
+
+def compare_tokens(
+    baseline: Sequence[int], speculative: Sequence[int], describe: Callable[[int], str] = lambda t: ""
+) -> FirstDifference | None:
+    """None when identical, else the first index where they differ (or where the shorter one ended)."""
+    for i, (a, b) in enumerate(zip(baseline, speculative)):
+        if a != b:
+            return FirstDifference(i, a, b, describe(a), describe(b))
+    if len(baseline) == len(speculative):
+        return None
+    i = min(len(baseline), len(speculative))
+    a = baseline[i] if i < len(baseline) else None
+    b = speculative[i] if i < len(speculative) else None
+    return FirstDifference(i, a, b, "" if a is None else describe(a), "" if b is None else describe(b))
+
+
+def expected_speedup(
+    steps: Sequence[Step], pass_cost: Callable[[int], float | None], draft_step_s: float | None
+) -> float | None:
+    """Leviathan's predicted speedup for these rounds, from their measured acceptance and measured costs.
+
+    ``steps`` are the verification rounds (not the prefill step). Acceptance per source is the
+    geometric-model estimate accepted / judged, where a round judges the drafts up to the first rejection.
+    """
+    accepted: dict[str, int] = {}
+    judged: dict[str, int] = {}
+    for step in steps:
+        if step.drafted:
+            accepted[step.method] = accepted.get(step.method, 0) + step.accepted
+            judged[step.method] = judged.get(step.method, 0) + min(step.drafted, step.accepted + 1)
+    one = pass_cost(1)
+    tokens = seconds = 0.0
+    for step in steps:
+        k = step.drafted
+        verify = pass_cost(k + 1)
+        if one is None or verify is None or (step.method == "draft" and draft_step_s is None):
+            return None
+        acceptance = accepted.get(step.method, 0) / judged[step.method] if k else 0.0
+        tokens += expected_tokens(acceptance, k)
+        seconds += verify + (k * draft_step_s if step.method == "draft" else 0.0)
+    return tokens * one / seconds if seconds > 0 else None
+
+
+class BenchRunner:
+    """Benchmarks the configurations of ``settings`` on the target and draft of ``decoder``."""
+
+    def __init__(self, decoder: SpeculativeDecoder, settings: BenchSettings, *, progress: Progress | None = None) -> None:
+        self.target = decoder.target
+        self.draft = decoder.draft
+        self.settings = settings
+        self.progress = progress or (lambda what, done, total: None)
+        ratio = decoder.controller.draft_cost_ratio
+        self.decoders = {
+            config: SpeculativeDecoder(
+                self.target,
+                draft=self.draft if config.method in USES_DRAFT else None,
+                method=config.method,
+                draft_len=config.draft_len,
+                draft_cost_ratio=ratio,
+            )
+            for config in settings.all_configs
+        }
+
+    def run(self, prompts: Sequence[BenchPrompt]) -> BenchResult:
+        prepared = [self._prepare(prompt) for prompt in prompts]
+        self._warm_up(prepared[0])
+        configs = self.settings.all_configs
+        records = {(p.prompt.id, p.prompt.workload, c): PromptRecord(p.prompt, c) for p in prepared for c in configs}
+        total, done = len(prepared) * self.settings.runs * len(configs), 0
+        for item in prepared:
+            for run in range(self.settings.runs):
+                by_config: dict[Config, Measurement] = {}
+                for config in _rotated(configs, run):
+                    self.progress(f"{item.prompt.workload}/{item.prompt.id}: {config.label}", done, total)
+                    by_config[config] = self._measure(item, config)
+                    done += 1
+                self._relate(item.prompt, by_config, records)
+        self.progress("done", total, total)
+        return BenchResult(self.settings, list(prompts), list(records.values()))
+
+    # -- preparation -----------------------------------------------------------------------------
+    def _prepare(self, prompt: BenchPrompt) -> _Prepared:
+        """Render the prompt with the chat template; for multi-turn, the baseline answers the earlier turns."""
+        baseline = self.decoders[BASELINE]
+        chat = bool(self.target.metadata.get(TEMPLATE_KEY))
+        conversation = Conversation(baseline, system=prompt.system, chat=chat)
+        max_tokens = self.settings.max_tokens
+        cached = 0
+        for turn in prompt.turns[:-1]:
+            self.progress(f"{prompt.workload}/{prompt.id}: answering turn {len(conversation.messages) // 2 + 1}", 0, 0)
+            # A longer budget for the history, so the code the last turn asks about again is complete.
+            for _ in conversation.ask(turn, max_tokens=2 * max_tokens, sampling=SamplingParams()):
+                pass
+        conversation.messages.append({"role": "user", "content": prompt.turns[-1]})
+        tokens = conversation.prompt_tokens(reserve=max_tokens)
+        if len(prompt.turns) > 1:
+            cached = self.target.common_prefix(tokens)  # what the chat's KV cache holds after the last answer
+        return _Prepared(prompt, tokens, cached)
+
+    def _warm_up(self, item: _Prepared) -> None:
+        """Untimed: load the draft, let every controller measure its first costs, warm llama.cpp's buffers."""
+        if self.draft is not None and any(c.method in USES_DRAFT for c in self.settings.all_configs):
+            self.draft.model  # loads it now rather than inside a timed generation
+        for config, decoder in self.decoders.items():
+            self.progress(f"warm-up: {config.label}", 0, 0)
+            self._prime(item)
+            for _ in decoder.generate(item.tokens, max_tokens=self.settings.warmup_tokens, sampling=self.settings.sampling):
+                pass
+
+    def _models(self) -> list[LlamaModel]:
+        return [self.target] + ([self.draft.model] if self.draft is not None and self.draft.loaded else [])
+
+    def _prime(self, item: _Prepared) -> None:
+        """Make every KV cache hold exactly the part of the prompt a real request would find cached."""
+        for model in self._models():
+            keep = min(model.common_prefix(item.tokens), item.cached)
+            model.rollback(keep)
+            if keep < item.cached:
+                model.eval(item.tokens[keep : item.cached], n_logits=0)
+
+    # -- measuring -------------------------------------------------------------------------------
+    def _measure(self, item: _Prepared, config: Config) -> Measurement:
+        decoder = self.decoders[config]
+        self._prime(item)
+        steps = list(decoder.generate(item.tokens, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling))
+        tokens = [t for step in steps for t in step.tokens]
+        measurement = Measurement(tokens, decoder.stats)
+        if config != BASELINE:
+            measurement.expected_speedup = expected_speedup(steps[1:], self._pass_cost(decoder), self._draft_step(decoder))
+        return measurement
+
+    def _pass_cost(self, decoder: SpeculativeDecoder) -> Callable[[int], float | None]:
+        """This configuration's measured pass cost per batch size, the baseline's where it never ran one."""
+        measured = decoder.controller.costs()["pass_s"]
+        baseline = self.decoders[BASELINE].controller
+        return lambda batch: measured.get(batch) or baseline.pass_cost(batch)
+
+    def _describe(self, token: int) -> str:
+        return self.target.detokenize([token])
+
+    @staticmethod
+    def _draft_step(decoder: SpeculativeDecoder) -> float | None:
+        return decoder.controller.draft_step_cost() if decoder.draft is not None else None
+
+    def _relate(
+        self, prompt: BenchPrompt, by_config: dict[Config, Measurement], records: dict[tuple, PromptRecord]
+    ) -> None:
+        """File one round's measurements: speedup against this round's baseline, greedy output against it."""
+        baseline = by_config[BASELINE]
+        base_rate = baseline.stats.decode_tok_per_s
+        for config, measurement in by_config.items():
+            record = records[(prompt.id, prompt.workload, config)]
+            rate = measurement.stats.decode_tok_per_s
+            measurement.speedup = rate / base_rate if base_rate > 0 and rate > 0 else None
+            record.runs.append(measurement)
+            if self.settings.sampling.greedy and record.difference is None and config != BASELINE:
+                record.difference = compare_tokens(baseline.tokens, measurement.tokens, self._describe)
+
+
+def _rotated(configs: Sequence[Config], run: int) -> list[Config]:
+    """The measuring order for one run: shifted each run, so no configuration always goes first."""
+    shift = run % len(configs)
+    return [*configs[shift:], *configs[:shift]]

@@ -1,0 +1,211 @@
+"""``localspec bench``: target alone vs each speculative configuration per workload, and what to run.
+
+Measuring lives in ``localspec.bench``; this module parses options, shows progress on stderr, prints a
+table and a recommendation per workload on stdout, and writes the JSON, CSV, plot and profile asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from localspec.bench import report
+from localspec.bench.runner import DEFAULT_MAX_TOKENS, DEFAULT_RUNS, BenchRunner, BenchSettings, Config, Progress as ProgressFn
+from localspec.bench.tuned_profile import write_tuned_profile
+from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
+from localspec.cli import options as o
+from localspec.cli.console import err, out
+from localspec.engine.controller import METHODS
+from localspec.errors import UsageError
+from localspec import paths
+
+DEFAULT_METHODS = ",".join(METHODS)
+QUICK_METHODS = "none,lookup,draft,auto"
+QUICK_MAX_TOKENS = 112
+QUICK_RUNS = 1
+
+
+def bench_command(
+    profile: o.ProfileOpt = None,
+    target: o.TargetOpt = None,
+    draft: o.DraftOpt = None,
+    workloads: Annotated[Optional[str], typer.Option("--workloads", help="Comma-separated slices [default: all].")] = None,
+    prompts: Annotated[
+        Optional[Path], typer.Option("--prompts", help='Your own JSONL prompts: {"workload": ..., "prompt": ...} per line.')
+    ] = None,
+    methods: Annotated[
+        Optional[str], typer.Option("--methods", help=f"Comma-separated methods [default: {DEFAULT_METHODS}].")
+    ] = None,
+    draft_len: Annotated[
+        str, typer.Option("--draft-len", help="Comma-separated draft lengths; 'auto' lets the controller choose.")
+    ] = "auto",
+    runs: Annotated[Optional[int], typer.Option("--runs", min=1, help=f"Timed runs per prompt [default: {DEFAULT_RUNS}].")] = None,
+    max_tokens: Annotated[
+        Optional[int], typer.Option("--max-tokens", "-n", min=1, help=f"Tokens per answer [default: {DEFAULT_MAX_TOKENS}].")
+    ] = None,
+    temp: o.TempOpt = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON (schema: localspec-bench/1).")] = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Write the rows as CSV.")] = None,
+    plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of speedup per workload (needs matplotlib).")] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help=f"One prompt per slice, {QUICK_METHODS}, {QUICK_MAX_TOKENS} tokens, one run: a few minutes."),
+    ] = False,
+    write_profile: Annotated[
+        Optional[str], typer.Option("--write-profile", help="Save the overall recommendation as this user profile.")
+    ] = None,
+    ctx: o.CtxOpt = None,
+    threads: o.ThreadsOpt = None,
+    force: o.ForceOpt = False,
+    offline: o.OfflineOpt = False,
+) -> None:
+    """Measure target alone and speculative decoding per workload, check outputs match, recommend a method."""
+    chosen = select(
+        load_prompt_file(prompts) if prompts else shipped_prompts(),
+        _split(workloads) if workloads else None,
+        per_workload=1 if quick else None,
+    )
+    configs = _configs(_split(methods or (QUICK_METHODS if quick else DEFAULT_METHODS)), _draft_lens(draft_len))
+    if write_profile is not None:
+        paths.check_component(write_profile, "profile name")
+    generation = o.GenerationOptions(profile=profile, target=target, draft=draft, temp=temp, ctx=ctx, threads=threads, force=force, offline=offline)
+    pair, decoder, sampling = generation.open()
+    if write_profile is not None and pair.profile is None:
+        raise UsageError("--write-profile needs --profile: a profile stores where its models come from, local files do not")
+    needs_draft = sorted({c.method for c in configs} & {"draft", "hybrid"})
+    if needs_draft and decoder.draft is None:
+        raise UsageError(f"--methods {','.join(needs_draft)} needs a draft model: pass --draft PATH or use --profile")
+    settings = BenchSettings(
+        configs,
+        runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),
+        max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS),
+        sampling=sampling,
+    )
+    with _progress() as progress:
+        result = BenchRunner(decoder, settings, progress=progress).run(chosen)
+
+    rows = report.build_rows(result)
+    recommendations = report.recommend(rows)
+    overall = report.recommend_overall(rows)
+    for recommendation in recommendations:
+        out.print(_table(recommendation.workload, [r for r in rows if r["workload"] == recommendation.workload]))
+        out.print(f"  recommended for {recommendation.workload}: {recommendation.text}\n")
+    out.print(f"overall: {overall.text}")
+    _write_outputs(rows, recommendations, overall, json_path, csv_path, plot_path, _meta(pair, settings))
+    if write_profile is not None:
+        note = f"defaults from localspec bench: {overall.text}"
+        path = write_tuned_profile(write_profile, pair.profile, overall.method, overall.draft_len, note)
+        err.print(f"wrote profile {path} (use it with --profile {write_profile})")
+
+
+def _write_outputs(rows, recommendations, overall, json_path, csv_path, plot_path, meta: dict) -> None:
+    if json_path:
+        report.write_json(json_path, rows, recommendations, overall, meta)
+        err.print(f"wrote {json_path}")
+    if csv_path:
+        report.write_csv(csv_path, rows)
+        err.print(f"wrote {csv_path}")
+    if plot_path:
+        if report.write_plot(plot_path, rows):
+            err.print(f"wrote {plot_path}")
+        else:
+            err.print(f"no plot written to {plot_path}: matplotlib is not installed (pip install 'localspec[plot]')")
+
+
+def _meta(pair, settings: BenchSettings) -> dict:
+    return {
+        "model": pair.label,
+        "target": str(pair.target),
+        "draft": None if pair.draft is None else str(pair.draft),
+        "settings": {
+            "runs": settings.runs,
+            "max_tokens": settings.max_tokens,
+            "temperature": settings.sampling.temperature,
+            "greedy": settings.sampling.greedy,
+            "configs": [c.label for c in settings.all_configs],
+        },
+    }
+
+
+def _table(workload: str, rows: list[dict]) -> Table:
+    first = rows[0]
+    table = Table(title=f"{workload}: {first['prompts']} prompt(s) x {first['runs']} run(s), target alone {first['baseline_tok_per_s']:.1f} tok/s")
+    for name in ("method", "tok/s", "speedup", "expected", "accepted", "tok/pass", "per position", "passes", "TTFT s", "output"):
+        table.add_column(name, justify="left" if name in ("method", "per position", "output") else "right")
+    for row in rows:
+        positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:4])
+        table.add_row(
+            report.row_label(row),
+            f"{row['tok_per_s']:.1f}",
+            _x(row["speedup"]),
+            _x(row["expected_speedup"]),
+            f"{row['acceptance_rate']:.0%}" if row["method"] != "none" else "-",
+            f"{row['mean_accepted_length']:.2f}",
+            positions or "-",
+            f"{row['target_passes']:.0f}",
+            "-" if row["ttft_s"] is None else f"{row['ttft_s']:.2f}",
+            _output(row),
+        )
+    return table
+
+
+def _output(row: dict) -> str:
+    if row["identical"] is None:
+        return "sampled (not compared)"
+    if row["identical"]:
+        return "identical"
+    d = row["first_difference"]
+    return f"differs in {d['prompt']} at token {d['index']}: {d['baseline_text']!r} vs {d['speculative_text']!r}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _split(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise UsageError(f"empty list {text!r}: give comma-separated names")
+    return items
+
+
+def _configs(methods: list[str], draft_lens: list[int | None]) -> list[Config]:
+    for method in methods:
+        if method not in METHODS:
+            raise UsageError(f"unknown method {method!r} in --methods; use {', '.join(METHODS)}")
+    configs = [Config(m) if m == "none" else Config(m, k) for m in methods for k in draft_lens]
+    return list(dict.fromkeys(configs))
+
+
+def _draft_lens(text: str) -> list[int | None]:
+    lengths: list[int | None] = []
+    for item in _split(text):
+        if item == "auto":
+            lengths.append(None)
+        elif item.isdigit() and int(item) >= 1:
+            lengths.append(int(item))
+        else:
+            raise UsageError(f"bad --draft-len item {item!r}: use whole numbers of at least 1 or 'auto'")
+    return lengths
+
+
+@contextmanager
+def _progress() -> Iterator[ProgressFn]:
+    """Rich progress on stderr for the timed generations; setup steps (total 0) only change the label."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("preparing", total=None)
+
+        def update(what: str, done: int, total: int) -> None:
+            if total:
+                bar.update(task, description=what, completed=done, total=total)
+            else:
+                bar.update(task, description=what)
+
+        yield update

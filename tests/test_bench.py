@@ -1,0 +1,227 @@
+"""``localspec bench`` on tiny models: JSON schema, CSV, plot, bad input, the lossless comparison, the figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from localspec.bench import report, workloads
+from localspec.bench.runner import BASELINE, BenchResult, BenchSettings, Config, Measurement, PromptRecord, compare_tokens, expected_speedup
+from localspec.bench.tuned_profile import write_tuned_profile
+from localspec.bench.workloads import BenchPrompt
+from localspec.cli.app import app
+from localspec.engine.decoder import Step
+from localspec.engine.stats import GenerationStats
+from localspec.errors import UsageError
+from localspec.profiles import DEFAULT_PROFILE, load_profile
+
+ROW_TYPES = {
+    "workload": str,
+    "method": str,
+    "draft_len": (int, str, type(None)),
+    "speedup": (float, int),
+    "identical": bool,
+    "acceptance_rate": (float, int),
+    "tok_per_s": (float, int),
+    "expected_speedup": (float, int, type(None)),
+    "mean_accepted_length": (float, int),
+    "per_position_acceptance": list,
+    "target_passes": (float, int),
+    "ttft_s": (float, int),
+    "per_prompt": list,
+}
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["bench", *map(str, args)])
+
+
+def write_lines(path, *lines: str):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    # Short prompts: the tiny models' vocabulary is mostly bytes, so long texts make long prompts.
+    return write_lines(
+        tmp_path / "prompts.jsonl",
+        json.dumps({"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world the code"}),
+        "",
+        json.dumps({"workload": "session", "turns": ["def return x = x + x", "the world again"]}),
+    )
+
+
+def test_a_small_bench_writes_json_csv_and_plot(tiny_target, tiny_draft, prompt_file, tmp_path):
+    out = tmp_path / "bench"
+    result = run(
+        "--target", tiny_target, "--draft", tiny_draft, "--prompts", prompt_file, "--methods", "none,lookup,draft,auto",
+        "--draft-len", "2,auto", "--runs", 2, "--max-tokens", 24, "--ctx", 512,
+        "--json", f"{out}.json", "--csv", f"{out}.csv", "--plot", f"{out}.png",
+    )
+    assert result.exit_code == 0, result.output
+    assert "recommended for echo" in result.output and "recommended for session" in result.output
+
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["schema"] == report.SCHEMA
+    assert document["settings"]["configs"] == ["none", "lookup k=2", "lookup k=auto", "draft k=2", "draft k=auto", "auto k=2", "auto k=auto"]
+    rows = document["rows"]
+    assert [(r["workload"], r["method"], r["draft_len"]) for r in rows[:3]] == [("echo", "none", None), ("echo", "lookup", 2), ("echo", "lookup", "auto")]
+    assert len(rows) == 2 * 7
+    for row in rows:
+        for key, kind in ROW_TYPES.items():
+            assert isinstance(row[key], kind), (key, row)
+        assert row["identical"] is True and row["first_difference"] is None  # greedy speculation is lossless
+        assert row["runs"] == 2 and row["generated_tokens"] > 0
+    baseline = [r for r in rows if r["method"] == "none"]
+    assert all(r["speedup"] == 1.0 and r["tok_per_s"] == r["baseline_tok_per_s"] for r in baseline)
+    drafts = [r for r in rows if r["method"] == "draft"]
+    assert all(r["acceptance_rate"] > 0 and r["per_position_acceptance"] for r in drafts)
+    assert {r["workload"] for r in document["recommendations"]} == {"echo", "session"}
+    assert document["overall"]["workload"] == "*"
+
+    with (tmp_path / "bench.csv").open() as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == len(rows) and set(report.CSV_FIELDS) == set(lines[0])
+    assert lines[1]["method"] == "lookup" and float(lines[1]["speedup"]) == rows[1]["speedup"]
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_note(monkeypatch, tmp_path):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # makes `import matplotlib` fail
+    assert report.write_plot(tmp_path / "p.png", []) is False
+    assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize(
+    "lines,expected",
+    [
+        ([], "no prompts in the file"),
+        (["", "   "], "no prompts in the file"),
+        (['{"workload": "a", "prompt": "x"}', '{"workload": "a", "prompt": '], "line 2: not valid JSON"),
+        (['["a list"]'], "line 1: expected a JSON object"),
+        (['{"workload": "a"}'], "line 1: give exactly one of 'prompt'"),
+        (['{"workload": "a", "prompt": "x", "turns": ["y"]}'], "line 1: give exactly one of 'prompt'"),
+        (['{"workload": "a", "turns": []}'], "line 1: 'turns' must be a non-empty list"),
+        (['{"prompt": "x"}'], "line 1: 'workload' must be a non-empty string"),
+        (['{"workload": "a", "prompt": "x", "temp": 1}'], "line 1: unknown key 'temp'"),
+        (['{"workload": "a", "id": "p", "prompt": "x"}', '{"workload": "a", "id": "p", "prompt": "y"}'], "'p' appears twice"),
+    ],
+)
+def test_bad_prompt_files_are_one_line_errors_naming_the_file(tmp_path, tiny_target, lines, expected):
+    path = write_lines(tmp_path / "bad.jsonl", *lines)
+    result = run("--target", tiny_target, "--prompts", path)
+    assert result.exit_code == 2
+    assert str(path) in result.output and expected in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--workloads", "code-edit,poetry"], "unknown workload 'poetry'; choose from code-edit, code-new"),
+        (["--methods", "none,telepathy"], "unknown method 'telepathy'"),
+        (["--draft-len", "4,0"], "bad --draft-len item '0'"),
+        (["--methods", "draft"], "needs a draft model"),
+        (["--write-profile", "mine"], "--write-profile needs --profile"),
+        (["--write-profile", "../escape"], "profile name '../escape' is not allowed"),
+    ],
+)
+def test_bad_options_are_usage_errors(tiny_target, args, expected):
+    result = run("--target", tiny_target, *args)
+    assert result.exit_code == 2
+    assert expected in result.output and "Traceback" not in result.output
+
+
+def test_shipped_workloads_cover_every_slice_with_several_prompts():
+    prompts = workloads.shipped_prompts()
+    names = list(dict.fromkeys(p.workload for p in prompts))
+    assert names == list(workloads.SHIPPED_ORDER)
+    for name in names:
+        assert sum(p.workload == name for p in prompts) >= 2
+    assert all(len(p.turns) > 1 for p in prompts if p.workload == "multi-turn")
+    quick = workloads.select(prompts, ["json", "code-edit"], per_workload=1)
+    assert [p.workload for p in quick] == ["json", "code-edit"]
+
+
+# -- the lossless comparison ---------------------------------------------------------------------
+def test_compare_tokens_names_the_first_difference():
+    describe = {1: "a", 2: "b", 3: "c", 9: "z"}.get
+    assert compare_tokens([1, 2, 3], [1, 2, 3], describe) is None
+    d = compare_tokens([1, 2, 3], [1, 9, 3], describe)
+    assert (d.index, d.baseline, d.speculative, d.baseline_text, d.speculative_text) == (1, 2, 9, "b", "z")
+    shorter = compare_tokens([1, 2, 3], [1, 2], describe)
+    assert (shorter.index, shorter.baseline, shorter.speculative, shorter.speculative_text) == (2, 3, None, "")
+    longer = compare_tokens([1], [1, 2], describe)
+    assert (longer.index, longer.baseline, longer.speculative) == (1, None, 2)
+
+
+def _measurement(tok_per_s: float, speedup: float, drafted: int = 0, accepted: int = 0) -> Measurement:
+    stats = GenerationStats(generated_tokens=10, rounds=10 - accepted, drafted=drafted, accepted=accepted)
+    stats.verify_s = stats.generated_tokens / tok_per_s
+    stats.first_token_s = 0.1
+    return Measurement([1] * 10, stats, speedup=speedup, expected_speedup=speedup)
+
+
+def _result(differences: dict[Config, object], speedups: dict[Config, float]) -> BenchResult:
+    prompt = BenchPrompt("code-edit", "p1", ("edit this",))
+    records = [PromptRecord(prompt, BASELINE, [_measurement(10.0, 1.0)])]
+    for config, speedup in speedups.items():
+        record = PromptRecord(prompt, config, [_measurement(10.0 * speedup, speedup, drafted=8, accepted=4)])
+        record.difference = differences.get(config)
+        records.append(record)
+    return BenchResult(BenchSettings(list(speedups)), [prompt], records)
+
+
+def test_a_differing_output_is_reported_and_never_recommended():
+    fast_but_wrong, slower = Config("draft", 4), Config("lookup")
+    difference = compare_tokens([5, 6, 7], [5, 6, 8], {7: "x", 8: "y"}.get)
+    rows = report.build_rows(_result({fast_but_wrong: difference}, {fast_but_wrong: 3.0, slower: 1.5}))
+    by_label = {report.row_label(r): r for r in rows}
+    wrong = by_label["draft k=4"]
+    assert wrong["identical"] is False
+    assert wrong["first_difference"] == {
+        "prompt": "p1", "index": 2, "baseline_token": 7, "speculative_token": 8, "baseline_text": "x", "speculative_text": "y",
+    }
+    assert by_label["lookup k=auto"]["identical"] is True and by_label["none"]["identical"] is True
+    [choice] = report.recommend(rows)
+    assert (choice.method, choice.draft_len, choice.speedup) == ("lookup", None, 1.5)
+    assert report.recommend_overall(rows).method == "lookup"
+
+
+def test_no_worthwhile_gain_means_do_not_speculate():
+    rows = report.build_rows(_result({}, {Config("draft", 2): 0.8, Config("auto"): 1.02}))
+    [choice] = report.recommend(rows)
+    assert choice.method == "none" and choice.text == "do not speculate here (best speculative 1.02x)"
+
+
+# -- the predicted speedup -----------------------------------------------------------------------
+def test_expected_speedup_is_leviathans_formula_with_measured_costs():
+    costs = {1: 0.060, 5: 0.105}.get
+    # Prompt lookup, k = 4: one round fully accepted, one rejected at its first draft.
+    steps = [Step([1] * 5, [], "lookup", 4, 4), Step([1], [], "lookup", 4, 0)]
+    a = 4 / 5  # accepted / judged: the first round judged 4 drafts, the second only its first
+    tokens = 1 + a + a**2 + a**3 + a**4
+    assert expected_speedup(steps, costs, None) == pytest.approx(tokens * 0.060 / 0.105)
+    # A draft model adds k draft steps per round; plain rounds are one token for one one-token pass.
+    draft = [Step([1, 1, 1], [], "draft", 4, 2), Step([1], [], "none", 0, 0)]
+    a = 2 / 3
+    expected = (1 + a + a**2 + a**3 + a**4 + 1) * 0.060 / (0.105 + 4 * 0.030 + 0.060)
+    assert expected_speedup(draft, costs, 0.030) == pytest.approx(expected)
+    assert expected_speedup(draft, costs, None) is None  # a draft step never measured: no prediction
+
+
+# -- --write-profile -----------------------------------------------------------------------------
+def test_a_tuned_profile_loads_with_the_recommended_defaults():
+    base = load_profile(DEFAULT_PROFILE)
+    path = write_tuned_profile("tuned", base, "lookup", 8, "defaults from localspec bench")
+    tuned = load_profile("tuned")
+    assert tuned.path == path
+    assert (tuned.defaults.method, tuned.defaults.draft_len) == ("lookup", 8)
+    assert tuned.target == base.target and tuned.draft == base.draft
+    assert tuned.defaults.n_ctx == base.defaults.n_ctx
+    with pytest.raises(UsageError):
+        write_tuned_profile("bad/name", base, "auto", None, "x")
