@@ -25,6 +25,7 @@ DEFAULT_MIN_INTERVAL = 0.1  # at most ~10 refreshes per second
 SOURCE_STYLES = {"target": "", "draft": "cyan", "lookup": "green"}
 BARS = " ▁▂▃▄▅▆▇█"
 MAX_CHART_POSITIONS = 24
+LIVE_ROWS = 3  # rows of an unfinished line kept in the live region
 # "Now" tok/s covers about this much decode time, so it follows the text without flickering.
 RATE_WINDOW_S = 1.0
 
@@ -103,19 +104,28 @@ class LiveView:
     def _refresh(self, rate: _Rate) -> None:
         stats = self.decoder.stats
         self._status = self.status_text(stats, rate.update(stats))
-        # Printing the completed lines re-renders the live region too; refresh only if nothing was printed.
-        if "\n" not in self._line.plain or not self._flush_lines(final=False):
+        # Printing finished lines re-renders the live region too; refresh only if nothing was printed.
+        if not self._flush_lines(final=False):
             self._live.refresh()
 
     def _flush_lines(self, *, final: bool) -> bool:
-        """Print completed lines (all lines when ``final``) above the live region; returns whether any were."""
+        """Print finished lines above the live region (all of them when ``final``); returns whether any were.
+
+        A line that has not ended yet but fills several rows gives up its finished rows too, so the live
+        region, and the cost of a refresh, stays small even for an answer without newlines.
+        """
         lines = self._line.split("\n", allow_blank=True)
         if final:
             done, self._line = (lines if lines[-1].plain else lines[:-1]), Text()
         else:
             done, self._line = lines[:-1], lines[-1]
+            width = self.console.width
+            if self._line.cell_len > LIVE_ROWS * width:
+                rows = self._line.wrap(self.console, width)
+                done, self._line = [*done, *rows[:-1]], rows[-1]
         if done:
-            self.console.print(Text("\n").join(done), soft_wrap=True)
+            # Wrapped by Rich like the live region, so a line does not jump when it is printed.
+            self.console.print(Text("\n").join(done), soft_wrap=False)
         return bool(done)
 
     def status_text(self, stats: GenerationStats, current_rate: float) -> Text:

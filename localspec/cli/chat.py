@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import select
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from localspec.cli.run import summary_line
 from localspec.conversation import Conversation
 from localspec.engine.controller import METHODS
 from localspec.engine.sampling import SamplingParams
+from localspec.engine.text import TextPiece
 from localspec.errors import LocalspecError, UsageError
 from localspec.tui import LiveView, stats_table
 
@@ -146,6 +148,37 @@ def _paste_pending() -> bool:
     return bool(select.select([sys.stdin], [], [], PASTE_GRACE_S)[0])
 
 
+class _CtrlC:
+    """While an answer streams, Ctrl-C sets a flag that the answer loop checks between pieces.
+
+    A KeyboardInterrupt would be lost if it arrived while llama.cpp calls its Python log callback
+    (ctypes ignores exceptions in callbacks), and could land in the middle of a screen update.
+    """
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def __enter__(self) -> _CtrlC:
+        self._previous = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _press(self, signum: int, frame: object) -> None:
+        self.pressed = True
+
+    def raise_if_pressed(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def until_pressed(self, pieces: Iterable[TextPiece]) -> Iterator[TextPiece]:
+        for piece in pieces:
+            if self.pressed:
+                return
+            yield piece
+
+
 class ChatSession:
     """The chat loop: turns go to the conversation, slash commands change the session's settings."""
 
@@ -191,30 +224,36 @@ class ChatSession:
     def answer(self, text: str) -> None:
         """Stream one answer; Ctrl-C stops it, and the partial answer stays in the conversation."""
         view = self.view
-        pieces = self.conversation.ask(
-            text,
-            max_tokens=self.max_tokens,
-            sampling=self.sampling,
-            on_dropped=lambda n: err.print(f"(dropped the {n} oldest turn(s) to fit the context window)"),
-            prefill_progress=view.prefill_progress if view else None,
-        )
-        interrupted = False
-        # closing(): if the interrupt lands in our code, the decoder's rollback still runs right now.
-        with closing(pieces):
-            try:
+        with _CtrlC() as ctrl_c:
+
+            def prefill_progress(done: int, total: int) -> None:
+                ctrl_c.raise_if_pressed()  # a long prompt is read in chunks: stop between them
                 if view is not None:
-                    view.stream(pieces)
-                else:
-                    for piece in pieces:
-                        sys.stdout.write(piece.text)
-                        sys.stdout.flush()
-            except KeyboardInterrupt:
-                interrupted = True
+                    view.prefill_progress(done, total)
+
+            pieces = self.conversation.ask(
+                text,
+                max_tokens=self.max_tokens,
+                sampling=self.sampling,
+                on_dropped=lambda n: err.print(f"(dropped the {n} oldest turn(s) to fit the context window)"),
+                prefill_progress=prefill_progress,
+            )
+            # closing(): the decoder rolls its caches back as soon as we stop reading, not at garbage collection.
+            with closing(pieces):
+                try:
+                    if view is not None:
+                        view.stream(ctrl_c.until_pressed(pieces))
+                    else:
+                        for piece in ctrl_c.until_pressed(pieces):
+                            sys.stdout.write(piece.text)
+                            sys.stdout.flush()
+                except KeyboardInterrupt:
+                    pass
         if view is None:
             sys.stdout.write("\n")
             sys.stdout.flush()
         self.answered = True
-        err.print(summary_line(self.decoder.stats) + (" | interrupted" if interrupted else ""), highlight=False)
+        err.print(summary_line(self.decoder.stats) + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
 
     def handle(self, command: Command) -> bool:
         """Carry out a slash command; False means exit."""
