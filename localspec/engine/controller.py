@@ -9,6 +9,8 @@ yields one token for a pass of one. Where nothing beats "none", it does not spec
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from localspec.errors import UsageError
@@ -28,6 +30,9 @@ PRIOR_WEIGHT = 3.0
 # drifts back toward its prior and gets tried again.
 FORGET = 0.98
 COST_EMA = 0.3
+# Pass costs are the median of the last few measurements: one pass slowed by another process on a
+# shared machine must not write off a batch size for the rest of the answer.
+COST_WINDOW = 7
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Controller:
         self.draft_cost_ratio = draft_cost_ratio
         self._limits = (lookup_max, draft_max)
         self.configure(method, draft_len)
+        self._pass_samples: dict[int, deque[float]] = {}
         self._pass_cost: dict[int, float] = {}
         self._draft_step: float | None = None
         self._overhead = 0.0
@@ -112,8 +118,9 @@ class Controller:
 
     # -- measurements ----------------------------------------------------------------------------
     def record_pass(self, batch_size: int, seconds: float) -> None:
-        old = self._pass_cost.get(batch_size)
-        self._pass_cost[batch_size] = seconds if old is None else old + COST_EMA * (seconds - old)
+        samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
+        samples.append(seconds)
+        self._pass_cost[batch_size] = statistics.median(samples)
 
     def record_draft_step(self, steps: int, seconds: float) -> None:
         if steps <= 0:

@@ -1,0 +1,116 @@
+"""The controller's choices from given costs and acceptance: pure, no model involved."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.engine.controller import Controller, expected_tokens
+from localspec.errors import UsageError
+
+# Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).
+CPU = {1: 0.060, 2: 0.093, 3: 0.100, 4: 0.105, 5: 0.125, 8: 0.191, 9: 0.195, 16: 0.235, 17: 0.240}
+GPU = {b: 0.020 + 0.0002 * b for b in range(1, 66)}
+
+
+def measured(costs, **kwargs) -> Controller:
+    controller = Controller(**kwargs)
+    for batch, seconds in costs.items():
+        controller.record_pass(batch, seconds)
+    return controller
+
+
+def teach(controller, source, match_len, acceptance, rounds=40, k=8):
+    """Rounds whose accepted run is the mean of a geometric law with this per-token acceptance."""
+    accepted = k if acceptance >= 1 else min(k, int(acceptance / (1 - acceptance)))
+    for _ in range(rounds):
+        controller.record_round(source, match_len, k, accepted)
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_nothing_measured_means_a_plain_step_in_auto():
+    assert Controller("auto").plan(lookup_available=10, lookup_match_len=4).method == "none"
+
+
+def test_cpu_costs_with_a_poor_lookup_do_not_speculate():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 1, 0.1)
+    assert controller.plan(lookup_available=64, lookup_match_len=1).method == "none"
+
+
+def test_a_long_reliable_match_drafts_long():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 4, 0.95)
+    plan = controller.plan(lookup_available=64, lookup_match_len=4)
+    assert plan.method == "lookup" and plan.k >= 8
+    assert plan.expected_rate > 1.5 / CPU[1]
+
+
+def test_draft_model_loses_on_cpu_and_wins_on_gpu():
+    cpu = measured(CPU, method="auto", has_draft_model=True, draft_cost_ratio=0.57)
+    teach(cpu, "draft", 1, 0.75)
+    assert cpu.plan(lookup_available=0, lookup_match_len=0).method == "none"
+    gpu = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
+    teach(gpu, "draft", 1, 0.75)
+    plan = gpu.plan(lookup_available=0, lookup_match_len=0)
+    assert plan.method == "draft" and plan.k >= 3
+
+
+def test_measured_draft_step_cost_overrides_the_prior():
+    controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
+    teach(controller, "draft", 1, 0.75)
+    for _ in range(5):
+        controller.record_draft_step(4, 4 * 0.030)  # the draft turned out slower than the target
+    assert controller.plan(lookup_available=0, lookup_match_len=0).method == "none"
+
+
+def test_one_slow_pass_does_not_write_off_a_batch_size():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 4, 0.95)
+    for _ in range(3):
+        controller.record_pass(17, 0.240)
+    controller.record_pass(17, 30.0)  # another process stole the CPU for this one
+    assert controller.pass_cost(17) < 0.3
+
+
+def test_written_off_option_is_retried_after_a_while():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 4, 0.0, rounds=10)
+    assert controller.plan(lookup_available=8, lookup_match_len=4).method == "none"
+    for _ in range(300):
+        controller.record_round("none", 0, 0, 0)
+    assert controller.plan(lookup_available=8, lookup_match_len=4).method == "lookup"
+
+
+def test_on_a_gpu_even_a_poor_lookup_pays():
+    """Verification is nearly free there, so a 10% acceptance is still worth a draft."""
+    controller = measured(GPU, method="auto")
+    teach(controller, "lookup", 1, 0.1)
+    assert controller.plan(lookup_available=8, lookup_match_len=1).method == "lookup"
+
+
+def test_fixed_methods_and_lengths():
+    controller = measured(CPU, method="lookup", draft_len=5)
+    assert controller.plan(lookup_available=64, lookup_match_len=1) == controller.plan(
+        lookup_available=64, lookup_match_len=4
+    )
+    assert controller.plan(lookup_available=64, lookup_match_len=1).k == 5
+    assert controller.plan(lookup_available=0, lookup_match_len=0).method == "none"
+    hybrid = measured(CPU, method="hybrid", draft_len=3, has_draft_model=True)
+    assert hybrid.plan(lookup_available=0, lookup_match_len=0).method == "draft"
+    assert hybrid.plan(lookup_available=2, lookup_match_len=3).method == "lookup"
+    assert measured(CPU, method="none").plan(lookup_available=64, lookup_match_len=4).method == "none"
+
+
+def test_configure_errors_name_the_fix():
+    with pytest.raises(UsageError, match="needs a draft model"):
+        Controller("draft")
+    with pytest.raises(UsageError, match="unknown method"):
+        Controller("fastest")
+    controller = Controller("auto")
+    with pytest.raises(UsageError, match="at least 1"):
+        controller.configure("lookup", 0)
