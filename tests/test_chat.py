@@ -26,6 +26,7 @@ from localspec.engine.proposers import DraftModelProposer
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece, stream_text
 from localspec.errors import UsageError
+from localspec.session import ModelOptions, Pair, open_decoder
 from localspec.tui import LiveView, sparkline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -281,3 +282,34 @@ def test_chat_in_a_terminal_shows_the_status_and_ctrl_c_stops_an_answer(tiny_tar
     term.wait_for("method none, k auto")
     term.keys("C-d")
     term.wait_for("[exit 0]")
+
+
+# -- the real pair -------------------------------------------------------------------------------
+FIRST_TURN = (
+    "Write a Python function word_counts(text) that returns a dict mapping each lowercase word to how often "
+    "it occurs. Reply with the code only."
+)
+SECOND_TURN = "Repeat that function exactly, but rename it to count_words. Reply with the code only."
+
+
+@pytest.mark.real
+def test_second_turn_repeating_code_is_drafted_by_lookup(qwen_pair, capsys):
+    target, draft = qwen_pair
+    decoder = open_decoder(Pair(target, draft, "qwen-coder-1.5b"), ModelOptions(n_ctx=4096), method="lookup")
+    session = ChatSession(Conversation(decoder), SamplingParams(), max_tokens=160, view=None, label="qwen")
+    turns = []
+    for text in (FIRST_TURN, SECOND_TURN):
+        session.answer(text)
+        turns.append(decoder.stats)
+    answers = capsys.readouterr().out
+    rates = [s.accepted_by_method.get("lookup", 0) / max(1, s.drafted_by_method.get("lookup", 0)) for s in turns]
+    with capsys.disabled():
+        for i, s in enumerate(turns, 1):
+            print(
+                f"\nturn {i}: lookup accepted {s.accepted_by_method.get('lookup', 0)}/{s.drafted_by_method.get('lookup', 0)}"
+                f" ({rates[i - 1]:.0%}), {s.mean_accepted_length:.2f} tok/pass, {s.decode_tok_per_s:.1f} tok/s,"
+                f" prefill {s.prefill_tokens} of {s.prompt_tokens} prompt tokens"
+            )
+    assert "count_words" in answers
+    assert rates[1] > rates[0]
+    assert turns[1].prefill_tokens < turns[1].prompt_tokens / 2  # the first turn came from the KV cache
