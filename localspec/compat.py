@@ -10,10 +10,8 @@ compare vocabulary sizes only), every id's text is compared.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
-import io
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Union
 
 from gguf import TokenType
 
-from localspec.errors import GGUFError, TemplateError, UsageError
+from localspec.errors import GGUFError, LocalspecError, TemplateError, UsageError
 from localspec.profiles import ModelSpec
 from localspec.gguf_header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
 from localspec.templates import render_chat, template_security_findings
@@ -365,31 +363,28 @@ def _special_sample(side: _Side) -> str:
 
 
 class VocabOnlyTokenizer:
-    """llama.cpp's own tokenizer for a GGUF loaded with ``vocab_only=True``: no weights, no KV cache.
+    """llama.cpp's own tokenizer for a GGUF loaded vocabulary-only: no weights, no KV cache.
 
     Callers validate the header with ``gguf_header`` first; llama.cpp only ever sees a checked file.
     """
 
     def __init__(self, path: str | Path) -> None:
-        import llama_cpp  # deferred: importing it loads the shared library
+        from localspec.engine.backend import LlamaModel  # deferred: loads the llama.cpp library
 
-        # llama-cpp-python's log callback prints llama.cpp warnings (here: "n_ctx_train (0)", meaningless
-        # for a vocabulary) through Python's sys.stderr even with verbose=False; keep them out of the report.
         try:
-            with contextlib.redirect_stderr(io.StringIO()):
-                self._llama = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError) as exc:
+            self._model = LlamaModel(path, vocab_only=True)
+        except LocalspecError as exc:
             raise GGUFError(f"llama.cpp could not load the vocabulary of {path}: {exc}") from None
 
     def tokenize(self, text: str) -> list[int]:
         # special=True: special-token strings become their single ids, as in a rendered chat prompt.
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return self._model.tokenize(text, add_bos=False, special=True)
 
     def __enter__(self) -> VocabOnlyTokenizer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._llama.close()
+        self._model.close()
 
 
 # A local GGUF path, an hf://OWNER/NAME/FILE reference, or a profile's ModelSpec.

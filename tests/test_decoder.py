@@ -169,7 +169,7 @@ def sequence_pvalue(decoder, prompt, dist):
 @pytest.fixture(scope="module")
 def sampling_case(spread_pair):
     target, draft = spread_pair
-    prompt = LlamaModel(target, n_ctx=256, vocab_only=True).tokenize("hello world", add_bos=True)
+    prompt = LlamaModel(target, vocab_only=True).tokenize("hello world", add_bos=True)
     return target, draft, prompt, exact_sequence_distribution(target, prompt)
 
 

@@ -47,6 +47,12 @@ def _report_llama(cpu_flags: list[str]) -> bool:
     out.print(f"llama.cpp build: {system_info}")
     offload = gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else "none (CPU only)"
     out.print(f"GPU offload: {offload}")
+    if "LLAMAFILE = 1" in system_info:
+        # Verification batches then sum in another order than one-token steps (engine/backend.py).
+        err.print(
+            "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
+            "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
+        )
     if not has_amx_backend(lib_dir, system_info):
         return True
     crashes_here = any(flag.startswith("amx") for flag in cpu_flags)

@@ -44,6 +44,24 @@ def _quiet_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
+def _import_llama_cpp():
+    """Import llama-cpp-python configured for batch-invariant CPU kernels, and quiet.
+
+    Speculative decoding reproduces the target's greedy output only if verifying k tokens in one batch
+    gives bit-identical logits to evaluating them one by one. llama.cpp's CPU backend picks faster
+    kernels for larger batches (tiled K-quant matmul from 8 rows, llamafile sgemm, repacked weights,
+    tiled flash attention), whose sums are ordered differently; with those off (this env var, the
+    model and context parameters below, and GGML_LLAMAFILE=OFF in scripts/setup) the logits are equal
+    bit for bit (tests/test_backend.py checks it).
+    """
+    os.environ.setdefault("GGML_CPU_TILED_MM", "0")  # read once, when ggml first runs a matmul
+    import llama_cpp
+    from llama_cpp import _internals
+
+    _quiet_llama_logs(llama_cpp)
+    return llama_cpp, _internals
+
+
 def default_threads() -> int:
     """All usable cores on small machines; half of them (physical cores, usually) on larger ones."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -66,44 +84,44 @@ class LlamaModel:
         n_batch: int = DEFAULT_N_BATCH,
         vocab_only: bool = False,
     ) -> None:
-        import llama_cpp  # deferred: importing it loads the shared library
-
+        """Load ``path``; with ``vocab_only`` just the tokenizer (no weights, no context: tokenize only)."""
+        llama_cpp, internals = _import_llama_cpp()
         self._lib = llama_cpp
-        _quiet_llama_logs(llama_cpp)
         threads = n_threads or default_threads()
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers
+        # Repacked weights use a different kernel for one row than for several: off, for batch invariance.
+        model_params.use_extra_bufts = False
+        model_params.vocab_only = vocab_only
+        context_params = llama_cpp.llama_context_default_params()
+        context_params.n_ctx = n_ctx
+        context_params.n_batch = context_params.n_ubatch = n_batch
+        context_params.n_threads = context_params.n_threads_batch = threads
+        # Flash attention tiles several queries differently from one: off, for batch invariance.
+        context_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        context_params.no_perf = True
         try:
-            self._llama = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_ubatch=n_batch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_gpu_layers=n_gpu_layers,
-                logits_all=False,
-                vocab_only=vocab_only,
-                verbose=bool(os.environ.get("LOCALSPEC_DEBUG")),
-            )
+            self._model = internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
+            if not vocab_only:
+                self._ctx = internals.LlamaContext(model=self._model, params=context_params, verbose=False)
+                self._batch = internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         except ValueError as exc:
             raise LocalspecError(f"llama.cpp could not load {path}: {exc}; run 'localspec check' on it") from exc
         self.path = Path(path)
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.n_threads = threads
-        self.n_vocab: int = self._llama.n_vocab()
+        self.n_vocab: int = self._model.n_vocab()
         self.tokens: list[int] = []
         self._pieces: dict[int, bytes] = {}
-        self._vocab = self._llama._model.vocab
-        self.bos_id: int = self._llama.token_bos()
-        self.eos_id: int = self._llama.token_eos()
+        self._vocab = self._model.vocab
+        self.bos_id: int = self._model.token_bos()
+        self.eos_id: int = self._model.token_eos()
+        self.metadata: dict[str, str] = self._model.metadata()
 
     # -- tokenizer -------------------------------------------------------------------------------
-    @property
-    def metadata(self) -> dict[str, str]:
-        return self._llama.metadata
-
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+        return self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (special tokens render as their text)."""
@@ -136,7 +154,7 @@ class LlamaModel:
     def rollback(self, n_past: int) -> None:
         """Forget everything after the first ``n_past`` tokens in the KV cache."""
         if n_past < len(self.tokens):
-            self._llama._ctx.kv_cache_seq_rm(0, n_past, -1)
+            self._ctx.kv_cache_seq_rm(0, n_past, -1)
             del self.tokens[n_past:]
 
     def reset(self) -> None:
@@ -174,13 +192,13 @@ class LlamaModel:
                 progress(start + len(chunk), n)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = self._lib.llama_get_logits(self._llama._ctx.ctx)
+        ptr = self._lib.llama_get_logits(self._ctx.ctx)
         rows = np.ctypeslib.as_array(ptr, shape=(n_logits * self.n_vocab,))
         return rows.reshape(n_logits, self.n_vocab).copy()
 
     def _decode(self, chunk: Sequence[int], first_logit: int) -> None:
         """One llama_decode over ``chunk``; positions at index >= first_logit produce logits."""
-        batch = self._llama._batch.batch
+        batch = self._batch.batch
         n_past = self.n_past
         batch.n_tokens = len(chunk)
         for i, token in enumerate(chunk):
@@ -189,14 +207,16 @@ class LlamaModel:
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_logit
-        code = self._lib.llama_decode(self._llama._ctx.ctx, batch)
+        code = self._lib.llama_decode(self._ctx.ctx, batch)
         if code != 0:
             # The KV cache may hold part of the chunk; drop it so `tokens` stays the truth.
-            self._llama._ctx.kv_cache_seq_rm(0, n_past, -1)
+            self._ctx.kv_cache_seq_rm(0, n_past, -1)
             raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
 
     def close(self) -> None:
-        self._llama.close()
+        for part in ("_batch", "_ctx", "_model"):
+            if hasattr(self, part):
+                getattr(self, part).close()
 
 
 def build_info() -> dict[str, object]:
