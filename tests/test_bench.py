@@ -9,7 +9,16 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.bench import report, workloads
-from localspec.bench.runner import BASELINE, BenchResult, BenchSettings, Config, Measurement, PromptRecord, compare_tokens, expected_speedup
+from localspec.bench.runner import (
+    BASELINE,
+    BenchResult,
+    BenchSettings,
+    Config,
+    Measurement,
+    PromptRecord,
+    compare_tokens,
+    expected_speedup,
+)
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
@@ -49,7 +58,9 @@ def prompt_file(tmp_path):
     # Short prompts: the tiny models' vocabulary is mostly bytes, so long texts make long prompts.
     return write_lines(
         tmp_path / "prompts.jsonl",
-        json.dumps({"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world the code"}),
+        json.dumps(
+            {"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world the code"}
+        ),
         "",
         json.dumps({"workload": "session", "turns": ["def return x = x + x", "the world again"]}),
     )
@@ -58,18 +69,49 @@ def prompt_file(tmp_path):
 def test_a_small_bench_writes_json_csv_and_plot(tiny_target, tiny_draft, prompt_file, tmp_path):
     out = tmp_path / "bench"
     result = run(
-        "--target", tiny_target, "--draft", tiny_draft, "--prompts", prompt_file, "--methods", "none,lookup,draft,auto",
-        "--draft-len", "2,auto", "--runs", 2, "--max-tokens", 24, "--ctx", 512,
-        "--json", f"{out}.json", "--csv", f"{out}.csv", "--plot", f"{out}.png",
+        "--target",
+        tiny_target,
+        "--draft",
+        tiny_draft,
+        "--prompts",
+        prompt_file,
+        "--methods",
+        "none,lookup,draft,auto",
+        "--draft-len",
+        "2,auto",
+        "--runs",
+        2,
+        "--max-tokens",
+        24,
+        "--ctx",
+        512,
+        "--json",
+        f"{out}.json",
+        "--csv",
+        f"{out}.csv",
+        "--plot",
+        f"{out}.png",
     )
     assert result.exit_code == 0, result.output
     assert "recommended for echo" in result.output and "recommended for session" in result.output
 
     document = json.loads((tmp_path / "bench.json").read_text())
     assert document["schema"] == report.SCHEMA
-    assert document["settings"]["configs"] == ["none", "lookup k=2", "lookup k=auto", "draft k=2", "draft k=auto", "auto k=2", "auto k=auto"]
+    assert document["settings"]["configs"] == [
+        "none",
+        "lookup k=2",
+        "lookup k=auto",
+        "draft k=2",
+        "draft k=auto",
+        "auto k=2",
+        "auto k=auto",
+    ]
     rows = document["rows"]
-    assert [(r["workload"], r["method"], r["draft_len"]) for r in rows[:3]] == [("echo", "none", None), ("echo", "lookup", 2), ("echo", "lookup", "auto")]
+    assert [(r["workload"], r["method"], r["draft_len"]) for r in rows[:3]] == [
+        ("echo", "none", None),
+        ("echo", "lookup", 2),
+        ("echo", "lookup", "auto"),
+    ]
     assert len(rows) == 2 * 7
     for row in rows:
         for key, kind in ROW_TYPES.items():
@@ -108,7 +150,10 @@ def test_without_matplotlib_the_plot_is_skipped_with_a_note(monkeypatch, tmp_pat
         (['{"workload": "a", "turns": []}'], "line 1: 'turns' must be a non-empty list"),
         (['{"prompt": "x"}'], "line 1: 'workload' must be a non-empty string"),
         (['{"workload": "a", "prompt": "x", "temp": 1}'], "line 1: unknown key 'temp'"),
-        (['{"workload": "a", "id": "p", "prompt": "x"}', '{"workload": "a", "id": "p", "prompt": "y"}'], "'p' appears twice"),
+        (
+            ['{"workload": "a", "id": "p", "prompt": "x"}', '{"workload": "a", "id": "p", "prompt": "y"}'],
+            "'p' appears twice",
+        ),
     ],
 )
 def test_bad_prompt_files_are_one_line_errors_naming_the_file(tmp_path, tiny_target, lines, expected):
@@ -184,7 +229,12 @@ def test_a_differing_output_is_reported_and_never_recommended():
     wrong = by_label["draft k=4"]
     assert wrong["identical"] is False
     assert wrong["first_difference"] == {
-        "prompt": "p1", "index": 2, "baseline_token": 7, "speculative_token": 8, "baseline_text": "x", "speculative_text": "y",
+        "prompt": "p1",
+        "index": 2,
+        "baseline_token": 7,
+        "speculative_token": 8,
+        "baseline_text": "x",
+        "speculative_text": "y",
     }
     assert by_label["lookup k=auto"]["identical"] is True and by_label["none"]["identical"] is True
     [choice] = report.recommend(rows)

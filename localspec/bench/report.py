@@ -58,9 +58,23 @@ SCHEMA = "localspec-bench/1"
 # A gain below this is within what this kind of shared machine drifts between runs: not worth speculating for.
 MIN_GAIN = 1.05
 CSV_FIELDS = (
-    "workload", "method", "draft_len", "prompts", "runs", "tok_per_s", "baseline_tok_per_s", "speedup",
-    "expected_speedup", "identical", "first_difference_index", "acceptance_rate", "mean_accepted_length",
-    "per_position_acceptance", "target_passes", "generated_tokens", "ttft_s",
+    "workload",
+    "method",
+    "draft_len",
+    "prompts",
+    "runs",
+    "tok_per_s",
+    "baseline_tok_per_s",
+    "speedup",
+    "expected_speedup",
+    "identical",
+    "first_difference_index",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "per_position_acceptance",
+    "target_passes",
+    "generated_tokens",
+    "ttft_s",
 )
 
 
@@ -76,7 +90,11 @@ class Recommendation:
         if self.method == "none":
             best = f" (best speculative {self.speedup:.2f}x)" if self.speedup is not None else ""
             return f"do not speculate here{best}"
-        return f"--method {self.method}" + (f" --draft-len {self.draft_len}" if self.draft_len else "") + f" ({self.speedup:.2f}x)"
+        return (
+            f"--method {self.method}"
+            + (f" --draft-len {self.draft_len}" if self.draft_len else "")
+            + f" ({self.speedup:.2f}x)"
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -119,7 +137,9 @@ def recommend_overall(rows: Sequence[dict]) -> Recommendation:
     return _best("*", candidates)
 
 
-def write_json(path: Path, rows: list[dict], recommendations: list[Recommendation], overall: Recommendation, meta: dict) -> None:
+def write_json(
+    path: Path, rows: list[dict], recommendations: list[Recommendation], overall: Recommendation, meta: dict
+) -> None:
     document = {
         "schema": SCHEMA,
         **meta,
@@ -179,7 +199,9 @@ def write_plot(path: Path, rows: Sequence[dict]) -> bool:
 
 
 # -- rows --------------------------------------------------------------------------------------------
-def _row(workload: str, config: Config, records: list[PromptRecord], baseline: list[PromptRecord], greedy: bool) -> dict:
+def _row(
+    workload: str, config: Config, records: list[PromptRecord], baseline: list[PromptRecord], greedy: bool
+) -> dict:
     runs = [m for r in records for m in r.runs]
     per_prompt = [_prompt_figures(r, greedy) for r in records]
     drafted = sum(m.stats.drafted for m in runs)

@@ -38,7 +38,7 @@ DEFAULT_MAX_TOKENS = 192
 DEFAULT_WARMUP_TOKENS = 16
 USES_DRAFT = ("draft", "hybrid", "auto")
 
-Progress = Callable[[str, int, int], None]  # (what is running, done, total)
+ProgressCallback = Callable[[str, int, int], None]  # (what is running, done, total)
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,9 @@ def expected_speedup(
 class BenchRunner:
     """Benchmarks the configurations of ``settings`` on the target and draft of ``decoder``."""
 
-    def __init__(self, decoder: SpeculativeDecoder, settings: BenchSettings, *, progress: Progress | None = None) -> None:
+    def __init__(
+        self, decoder: SpeculativeDecoder, settings: BenchSettings, *, progress: ProgressCallback | None = None
+    ) -> None:
         self.target = decoder.target
         self.draft = decoder.draft
         self.settings = settings
@@ -221,11 +223,13 @@ class BenchRunner:
     def _warm_up(self, item: _Prepared) -> None:
         """Untimed: load the draft, let every controller measure its first costs, warm llama.cpp's buffers."""
         if self.draft is not None and any(c.method in USES_DRAFT for c in self.settings.all_configs):
-            self.draft.model  # loads it now rather than inside a timed generation
+            self.draft.model  # noqa: B018 - loads it now rather than inside a timed generation
+        self._prime(item)  # only once: later warm-ups reuse the cached prompt, as they need no figures
         for config, decoder in self.decoders.items():
             self.progress(f"warm-up: {config.label}", 0, 0)
-            self._prime(item)
-            for _ in decoder.generate(item.tokens, max_tokens=self.settings.warmup_tokens, sampling=self.settings.sampling):
+            for _ in decoder.generate(
+                item.tokens, max_tokens=self.settings.warmup_tokens, sampling=self.settings.sampling
+            ):
                 pass
 
     def _models(self) -> list[LlamaModel]:
@@ -243,11 +247,15 @@ class BenchRunner:
     def _measure(self, item: _Prepared, config: Config) -> Measurement:
         decoder = self.decoders[config]
         self._prime(item)
-        steps = list(decoder.generate(item.tokens, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling))
+        steps = list(
+            decoder.generate(item.tokens, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling)
+        )
         tokens = [t for step in steps for t in step.tokens]
         measurement = Measurement(tokens, decoder.stats)
         if config != BASELINE:
-            measurement.expected_speedup = expected_speedup(steps[1:], self._pass_cost(decoder), self._draft_step(decoder))
+            measurement.expected_speedup = expected_speedup(
+                steps[1:], self._pass_cost(decoder), self._draft_step(decoder)
+            )
         return measurement
 
     def _pass_cost(self, decoder: SpeculativeDecoder) -> Callable[[int], float | None]:

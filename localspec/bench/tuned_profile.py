@@ -41,13 +41,25 @@ def render_profile(description: str, target: ModelSpec, draft: ModelSpec, defaul
     lines = [f"description = {_value(description)}"]
     for role, spec in (("target", target), ("draft", draft)):
         lines += ["", f"[{role}]"]
-        lines += [f"{key} = {_value(getattr(spec, key))}" for key in ("repo", "file", "size", "sha256") if getattr(spec, key) is not None]
+        lines += [
+            f"{key} = {_value(getattr(spec, key))}"
+            for key in ("repo", "file", "size", "sha256")
+            if getattr(spec, key) is not None
+        ]
         for mirror in spec.mirrors:
             lines += ["", f"[[{role}.mirrors]]"]
-            lines += [f"{f.name} = {_value(getattr(mirror, f.name))}" for f in fields(mirror) if getattr(mirror, f.name) is not None]
+            lines += [
+                f"{f.name} = {_value(getattr(mirror, f.name))}"
+                for f in fields(mirror)
+                if getattr(mirror, f.name) is not None
+            ]
     lines += ["", "[defaults]"]
     # None means "let localspec choose" and has no TOML spelling: leave those keys out.
-    lines += [f"{f.name} = {_value(getattr(defaults, f.name))}" for f in fields(defaults) if getattr(defaults, f.name) is not None]
+    lines += [
+        f"{f.name} = {_value(getattr(defaults, f.name))}"
+        for f in fields(defaults)
+        if getattr(defaults, f.name) is not None
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -43,7 +43,9 @@ def load_prompt_file(path: Path) -> list[BenchPrompt]:
         raise UsageError(f"{path}: cannot read prompt file ({exc})") from exc
     prompts = [_parse_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
     if not prompts:
-        raise UsageError(f"{path}: no prompts in the file; write one JSON object per line (see 'localspec bench --help')")
+        raise UsageError(
+            f"{path}: no prompts in the file; write one JSON object per line (see 'localspec bench --help')"
+        )
     _check_unique_ids(path, prompts)
     return prompts
 
@@ -53,7 +55,9 @@ def shipped_prompts() -> list[BenchPrompt]:
     return [prompt for path in files for prompt in load_prompt_file(path)]
 
 
-def select(prompts: Iterable[BenchPrompt], workloads: list[str] | None, *, per_workload: int | None = None) -> list[BenchPrompt]:
+def select(
+    prompts: Iterable[BenchPrompt], workloads: list[str] | None, *, per_workload: int | None = None
+) -> list[BenchPrompt]:
     """Keep the named slices (all when None), in the order named, at most ``per_workload`` prompts each."""
     prompts = list(prompts)
     available = list(dict.fromkeys(p.workload for p in prompts))
@@ -74,7 +78,7 @@ def _parse_line(path: Path, number: int, line: str) -> BenchPrompt:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
     if not isinstance(data, dict):
-        raise UsageError(f"{where}: expected a JSON object like {{\"workload\": ..., \"prompt\": ...}}")
+        raise UsageError(f'{where}: expected a JSON object like {{"workload": ..., "prompt": ...}}')
     unknown = sorted(data.keys() - _KEYS)
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_KEYS))}")

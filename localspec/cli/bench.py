@@ -15,19 +15,26 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from localspec import paths
 from localspec.bench import report
-from localspec.bench.runner import DEFAULT_MAX_TOKENS, DEFAULT_RUNS, BenchRunner, BenchSettings, Config, Progress as ProgressFn
+from localspec.bench.runner import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_RUNS,
+    BenchRunner,
+    BenchSettings,
+    Config,
+    ProgressCallback,
+)
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.engine.controller import METHODS
 from localspec.errors import UsageError
-from localspec import paths
 
 DEFAULT_METHODS = ",".join(METHODS)
-QUICK_METHODS = "none,lookup,draft,auto"
-QUICK_MAX_TOKENS = 112
+QUICK_METHODS = "none,lookup,auto"
+QUICK_MAX_TOKENS = 96
 QUICK_RUNS = 1
 
 
@@ -35,9 +42,12 @@ def bench_command(
     profile: o.ProfileOpt = None,
     target: o.TargetOpt = None,
     draft: o.DraftOpt = None,
-    workloads: Annotated[Optional[str], typer.Option("--workloads", help="Comma-separated slices [default: all].")] = None,
+    workloads: Annotated[
+        Optional[str], typer.Option("--workloads", help="Comma-separated slices [default: all].")
+    ] = None,
     prompts: Annotated[
-        Optional[Path], typer.Option("--prompts", help='Your own JSONL prompts: {"workload": ..., "prompt": ...} per line.')
+        Optional[Path],
+        typer.Option("--prompts", help='Your own JSONL prompts: {"workload": ..., "prompt": ...} per line.'),
     ] = None,
     methods: Annotated[
         Optional[str], typer.Option("--methods", help=f"Comma-separated methods [default: {DEFAULT_METHODS}].")
@@ -45,17 +55,26 @@ def bench_command(
     draft_len: Annotated[
         str, typer.Option("--draft-len", help="Comma-separated draft lengths; 'auto' lets the controller choose.")
     ] = "auto",
-    runs: Annotated[Optional[int], typer.Option("--runs", min=1, help=f"Timed runs per prompt [default: {DEFAULT_RUNS}].")] = None,
+    runs: Annotated[
+        Optional[int], typer.Option("--runs", min=1, help=f"Timed runs per prompt [default: {DEFAULT_RUNS}].")
+    ] = None,
     max_tokens: Annotated[
-        Optional[int], typer.Option("--max-tokens", "-n", min=1, help=f"Tokens per answer [default: {DEFAULT_MAX_TOKENS}].")
+        Optional[int],
+        typer.Option("--max-tokens", "-n", min=1, help=f"Tokens per answer [default: {DEFAULT_MAX_TOKENS}]."),
     ] = None,
     temp: o.TempOpt = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON (schema: localspec-bench/1).")] = None,
+    json_path: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the rows as JSON (schema: localspec-bench/1).")
+    ] = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Write the rows as CSV.")] = None,
-    plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of speedup per workload (needs matplotlib).")] = None,
+    plot_path: Annotated[
+        Optional[Path], typer.Option("--plot", help="Write a PNG of speedup per workload (needs matplotlib).")
+    ] = None,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help=f"One prompt per slice, {QUICK_METHODS}, {QUICK_MAX_TOKENS} tokens, one run: a few minutes."),
+        typer.Option(
+            "--quick", help=f"One prompt per slice, {QUICK_METHODS}, {QUICK_MAX_TOKENS} tokens, one run: a few minutes."
+        ),
     ] = False,
     write_profile: Annotated[
         Optional[str], typer.Option("--write-profile", help="Save the overall recommendation as this user profile.")
@@ -74,10 +93,14 @@ def bench_command(
     configs = _configs(_split(methods or (QUICK_METHODS if quick else DEFAULT_METHODS)), _draft_lens(draft_len))
     if write_profile is not None:
         paths.check_component(write_profile, "profile name")
-    generation = o.GenerationOptions(profile=profile, target=target, draft=draft, temp=temp, ctx=ctx, threads=threads, force=force, offline=offline)
+    generation = o.GenerationOptions(
+        profile=profile, target=target, draft=draft, temp=temp, ctx=ctx, threads=threads, force=force, offline=offline
+    )
     pair, decoder, sampling = generation.open()
     if write_profile is not None and pair.profile is None:
-        raise UsageError("--write-profile needs --profile: a profile stores where its models come from, local files do not")
+        raise UsageError(
+            "--write-profile needs --profile: a profile stores where its models come from, local files do not"
+        )
     needs_draft = sorted({c.method for c in configs} & {"draft", "hybrid"})
     if needs_draft and decoder.draft is None:
         raise UsageError(f"--methods {','.join(needs_draft)} needs a draft model: pass --draft PATH or use --profile")
@@ -135,8 +158,20 @@ def _meta(pair, settings: BenchSettings) -> dict:
 
 def _table(workload: str, rows: list[dict]) -> Table:
     first = rows[0]
-    table = Table(title=f"{workload}: {first['prompts']} prompt(s) x {first['runs']} run(s), target alone {first['baseline_tok_per_s']:.1f} tok/s")
-    for name in ("method", "tok/s", "speedup", "expected", "accepted", "tok/pass", "per position", "passes", "TTFT s", "output"):
+    shape = f"{first['prompts']} prompt(s) x {first['runs']} run(s)"
+    table = Table(title=f"{workload}: {shape}, target alone {first['baseline_tok_per_s']:.1f} tok/s")
+    for name in (
+        "method",
+        "tok/s",
+        "speedup",
+        "expected",
+        "accepted",
+        "tok/pass",
+        "per position",
+        "passes",
+        "TTFT s",
+        "output",
+    ):
         table.add_column(name, justify="left" if name in ("method", "per position", "output") else "right")
     for row in rows:
         positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:4])
@@ -196,7 +231,7 @@ def _draft_lens(text: str) -> list[int | None]:
 
 
 @contextmanager
-def _progress() -> Iterator[ProgressFn]:
+def _progress() -> Iterator[ProgressCallback]:
     """Rich progress on stderr for the timed generations; setup steps (total 0) only change the label."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as bar:
