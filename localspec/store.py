@@ -278,7 +278,7 @@ def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
             filename=spec.file,
             local_dir=staging,
             endpoint=_hub_endpoint(),
-            token=os.environ.get("HF_TOKEN") or None,
+            token=_hub_token(),
             etag_timeout=HF_ETAG_TIMEOUT_S,
             tqdm_class=_progress_tqdm(progress, f"{spec.file} (Hugging Face)"),
         )
@@ -286,7 +286,7 @@ def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
         _tidy_staging(staging)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise  # becomes DiskFullError in _download
-        raise StoreError(_hub_failure(exc)) from exc
+        raise StoreError(_redact(_hub_failure(exc))) from exc
     staged = Path(local)
     try:
         _check_and_install(spec, staged, dest, _sha256_file(staged, progress, f"verifying {spec.file}"), "Hugging Face")
@@ -308,11 +308,11 @@ def _tidy_staging(staging: Path) -> None:
 
 
 def _hub_prefix(spec: ModelSpec, max_bytes: int) -> bytes:
-    from huggingface_hub import get_token, hf_hub_url
+    from huggingface_hub import hf_hub_url
 
     url = hf_hub_url(spec.repo, spec.file, endpoint=_hub_endpoint())
     headers = {"Range": f"bytes=0-{max_bytes - 1}"}
-    token = os.environ.get("HF_TOKEN") or get_token()
+    token = _hub_token()
     if token:
         headers["Authorization"] = f"Bearer {token}"
     # The Hub redirects to a CDN; the token must not follow it there.
@@ -321,8 +321,8 @@ def _hub_prefix(spec: ModelSpec, max_bytes: int) -> bytes:
     try:
         with opener.open(request, timeout=HF_ETAG_TIMEOUT_S) as response:
             return response.read(max_bytes)
-    except (urllib.error.URLError, OSError) as exc:
-        raise StoreError(f"cannot read {url} ({getattr(exc, 'reason', exc)})") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a token that is no valid header
+        raise StoreError(_redact(f"cannot read {url} ({getattr(exc, 'reason', exc)})")) from None
 
 
 def _check_hub_reachable() -> None:
@@ -334,6 +334,19 @@ def _check_hub_reachable() -> None:
         return  # any HTTP answer means the host is up
     except (urllib.error.URLError, OSError) as exc:
         raise StoreError(f"{endpoint} is unreachable ({getattr(exc, 'reason', exc)})") from exc
+
+
+def _hub_token() -> str | None:
+    """HF_TOKEN (else the token huggingface_hub stored), without the stray newline a paste can leave."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def _redact(message: str) -> str:
+    """``message`` with the Hub token blanked: servers echo request headers in their error messages."""
+    token = _hub_token()
+    return message.replace(token, "<HF_TOKEN>") if token else message
 
 
 def _hub_endpoint() -> str:
