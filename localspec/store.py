@@ -322,7 +322,7 @@ def _hub_prefix(spec: ModelSpec, max_bytes: int) -> bytes:
         with opener.open(request, timeout=HF_ETAG_TIMEOUT_S) as response:
             return response.read(max_bytes)
     except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a token that is no valid header
-        raise StoreError(_redact(f"cannot read {url} ({getattr(exc, 'reason', exc)})")) from None
+        raise StoreError(_redact(f"cannot read {url} ({getattr(exc, 'reason', exc)})")) from exc
 
 
 def _check_hub_reachable() -> None:
