@@ -12,7 +12,7 @@ from localspec.errors import UnsafePathError
 
 ENV_HOME = "LOCALSPEC_HOME"
 # One path component: letters, digits and . _ - only; no leading dot (no "..", no hidden files).
-_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
+_SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}")
 
 
 def home() -> Path:
@@ -31,7 +31,7 @@ def user_profiles_dir() -> Path:
 
 def check_component(name: str, what: str) -> str:
     """Return ``name`` if it is a safe single path component, else raise UnsafePathError."""
-    if not _SAFE_COMPONENT.match(name):
+    if not _SAFE_COMPONENT.fullmatch(name):  # the whole name: a "$" anchor would let a trailing newline through
         raise UnsafePathError(
             f"{what} {name!r} is not allowed: use letters, digits, '.', '_' and '-' only, "
             "with no '/' and no leading '.'"
@@ -44,8 +44,13 @@ def safe_join(base: Path, *components: str, what: str = "name") -> Path:
     path = base
     for part in components:
         path = path / check_component(part, what)
+    return ensure_inside(base, path, what=f"{what} {'/'.join(components)!r}")
+
+
+def ensure_inside(base: Path, path: Path, *, what: str) -> Path:
+    """Return ``path`` if it stays inside ``base`` once symlinks are resolved, else raise UnsafePathError."""
     root = base.resolve()
     resolved = path.resolve()
     if resolved != root and root not in resolved.parents:
-        raise UnsafePathError(f"{what} {'/'.join(components)!r} resolves outside {base}; remove the symlink")
+        raise UnsafePathError(f"{what} resolves outside {base}; remove the symlink")
     return path

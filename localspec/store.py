@@ -271,7 +271,11 @@ def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
     from huggingface_hub import hf_hub_download
 
     _check_hub_reachable()
-    staging = paths.models_dir() / ".incoming" / dest.parent.parent.name / dest.parent.name
+    # Checked like the cache itself: a symlinked staging dir would send the download, and its cleanup, elsewhere.
+    staging = paths.ensure_inside(
+        paths.models_dir(), paths.models_dir() / ".incoming" / dest.parent.parent.name / dest.parent.name,
+        what="the download staging dir",
+    )
     try:
         local = hf_hub_download(
             repo_id=spec.repo,
