@@ -75,10 +75,15 @@ class Conversation:
         prefill_progress: Callable[[int, int], None] | None = None,
     ) -> Iterator[TextPiece]:
         """Stream the answer to ``text``; the answer (even a partial one) joins the conversation."""
+        before, dropped_before = list(self.messages), self.dropped_turns
         self.messages.append({"role": "user", "content": text})
-        dropped_before = self.dropped_turns
-        # Keep room for a useful answer, but never drop history just to fit a huge --max-tokens.
-        prompt = self.prompt_tokens(reserve=min(max_tokens, self.model.n_ctx // 4))
+        try:
+            # Keep room for a useful answer, but never drop history just to fit a huge --max-tokens.
+            prompt = self.prompt_tokens(reserve=min(max_tokens, self.model.n_ctx // 4))
+        except ContextFullError:
+            # A turn that can never fit is refused as a whole: no unanswered turn, no history dropped for it.
+            self.messages[:], self.dropped_turns = before, dropped_before
+            raise
         if self.dropped_turns > dropped_before and on_dropped is not None:
             on_dropped(self.dropped_turns - dropped_before)
         steps = self.decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling, prefill_progress=prefill_progress)

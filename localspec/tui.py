@@ -14,6 +14,7 @@ from time import perf_counter
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +29,8 @@ MAX_CHART_POSITIONS = 24
 LIVE_ROWS = 3  # rows of an unfinished line kept in the live region
 # "Now" tok/s covers about this much decode time, so it follows the text without flickering.
 RATE_WINDOW_S = 1.0
+# Prompts longer than this get a progress bar while they are read (~5 s at 100 tok/s on a CPU).
+LONG_PROMPT_TOKENS = 512
 
 
 def sparkline(values: Iterable[float]) -> str:
@@ -48,6 +51,42 @@ class _Rate:
             self._samples.popleft()
         tokens, seconds = now[0] - self._samples[0][0], now[1] - self._samples[0][1]
         return tokens / seconds if seconds > 0 else stats.decode_tok_per_s
+
+
+class PrefillBar:
+    """A ``prefill_progress`` callback: a transient bar on a terminal while a long prompt is read.
+
+    Short prompts and pipes get nothing. Use it in a ``with`` block, so an error mid-prompt removes the bar.
+    """
+
+    def __init__(self, console: Console, *, min_tokens: int = LONG_PROMPT_TOKENS) -> None:
+        self.console = console
+        self.min_tokens = min_tokens
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if total <= self.min_tokens or not self.console.is_terminal:
+            return
+        if self._bar is None:
+            columns = (TextColumn("reading the prompt"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"), TimeRemainingColumn())
+            self._bar = Progress(*columns, console=self.console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("prefill", total=total)
+        self._bar.update(self._task, completed=done, refresh=True)
+        if done >= total:
+            self.close()  # gone before the answer streams on the same terminal
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> PrefillBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class LiveView:

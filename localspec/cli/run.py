@@ -13,7 +13,7 @@ from localspec.cli.console import err, out
 from localspec.conversation import Conversation
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
-from localspec.tui import LiveView
+from localspec.tui import LiveView, PrefillBar
 
 
 def run_command(
@@ -49,16 +49,20 @@ def run_command(
     pair, decoder, sampling = generation.open()
     conversation = Conversation(decoder, system=system, chat=chat)
     pieces = []
-    stream = conversation.ask(text, max_tokens=max_tokens, sampling=sampling, stop=stop or ())
     live = not json_output and sys.stdout.isatty()
-    if live:
-        pieces.append(LiveView(out, decoder).stream(stream))  # ends with a newline of its own
-    else:
-        for piece in stream:
-            pieces.append(piece.text)
-            if not json_output:
-                sys.stdout.write(piece.text)
-                sys.stdout.flush()
+    view = LiveView(out, decoder) if live else None
+    with PrefillBar(err) as bar:
+        # The live view shows prefill progress in its own status line; a second live display would clash.
+        progress = view.prefill_progress if view is not None else bar
+        stream = conversation.ask(text, max_tokens=max_tokens, sampling=sampling, stop=stop or (), prefill_progress=progress)
+        if view is not None:
+            pieces.append(view.stream(stream))  # ends with a newline of its own
+        else:
+            for piece in stream:
+                pieces.append(piece.text)
+                if not json_output:
+                    sys.stdout.write(piece.text)
+                    sys.stdout.flush()
     stats = decoder.stats
     if json_output:
         result = {
