@@ -23,8 +23,9 @@ METHODS = [("lookup", None), ("lookup", 3), ("draft", None), ("draft", 2), ("hyb
 
 
 def make_decoder(target_path, draft_path=None, *, method="auto", draft_len=None, n_ctx=512, min_confidence=0.5):
-    target = LlamaModel(target_path, n_ctx=n_ctx)
-    load = lambda: LlamaModel(draft_path, n_ctx=n_ctx)  # noqa: E731
+    # One thread: tiny models gain nothing from two, and OpenMP spinning slows a busy machine down.
+    target = LlamaModel(target_path, n_ctx=n_ctx, n_threads=1)
+    load = lambda: LlamaModel(draft_path, n_ctx=n_ctx, n_threads=1)  # noqa: E731
     draft = DraftModelProposer(load, min_confidence=min_confidence) if draft_path else None
     return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len)
 
@@ -71,7 +72,7 @@ def test_kv_cache_after_rejections_matches_fresh_evaluation(tiny_target, tiny_dr
     context = prompt + out
     assert decoder.target.tokens == context[:-1]
     next_logits = decoder.target.eval([context[-1]])[0]
-    fresh = LlamaModel(tiny_target, n_ctx=512).eval(context)[0]
+    fresh = LlamaModel(tiny_target, n_ctx=512, n_threads=1).eval(context)[0]
     np.testing.assert_allclose(next_logits, fresh, atol=1e-3, rtol=1e-3)
 
 
@@ -121,7 +122,7 @@ def spread_pair(make_tiny_model):
 
 def exact_sequence_distribution(model_path, prompt):
     """P(first N_TOKENS tokens, or fewer before an end token) for target-alone sampling, by enumerating the top-k tree."""
-    model = LlamaModel(model_path, n_ctx=256)
+    model = LlamaModel(model_path, n_ctx=256, n_threads=1)
     dist = {}
 
     def walk(prefix, prob):
