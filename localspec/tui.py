@@ -69,7 +69,7 @@ class PrefillBar:
         if total <= self.min_tokens or not self.console.is_terminal:
             return
         if self._bar is None:
-            columns = (TextColumn("reading the prompt"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"), TimeRemainingColumn())
+            columns = (TextColumn("reading the prompt"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             self._bar = Progress(*columns, console=self.console, transient=True)
             self._bar.start()
             self._task = self._bar.add_task("prefill", total=total)

@@ -54,7 +54,9 @@ def run_command(
     with PrefillBar(err) as bar:
         # The live view shows prefill progress in its own status line; a second live display would clash.
         progress = view.prefill_progress if view is not None else bar
-        stream = conversation.ask(text, max_tokens=max_tokens, sampling=sampling, stop=stop or (), prefill_progress=progress)
+        stream = conversation.ask(
+            text, max_tokens=max_tokens, sampling=sampling, stop=stop or (), prefill_progress=progress
+        )
         if view is not None:
             pieces.append(view.stream(stream))  # ends with a newline of its own
         else:
