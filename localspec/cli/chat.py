@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import select
-import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,11 +20,11 @@ import typer
 
 from localspec.cli import options as o
 from localspec.cli.console import err, out
+from localspec.cli.interrupt import CtrlC
 from localspec.cli.run import summary_line
 from localspec.conversation import Conversation
 from localspec.engine.controller import METHODS
 from localspec.engine.sampling import SamplingParams
-from localspec.engine.text import TextPiece
 from localspec.errors import LocalspecError, UsageError
 from localspec.tui import LiveView, stats_table
 
@@ -148,37 +147,6 @@ def _paste_pending() -> bool:
     return bool(select.select([sys.stdin], [], [], PASTE_GRACE_S)[0])
 
 
-class _CtrlC:
-    """While an answer streams, Ctrl-C sets a flag that the answer loop checks between pieces.
-
-    A KeyboardInterrupt would be lost if it arrived while llama.cpp calls its Python log callback
-    (ctypes ignores exceptions in callbacks), and could land in the middle of a screen update.
-    """
-
-    def __init__(self) -> None:
-        self.pressed = False
-
-    def __enter__(self) -> _CtrlC:
-        self._previous = signal.signal(signal.SIGINT, self._press)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
-
-    def _press(self, signum: int, frame: object) -> None:
-        self.pressed = True
-
-    def raise_if_pressed(self) -> None:
-        if self.pressed:
-            raise KeyboardInterrupt
-
-    def until_pressed(self, pieces: Iterable[TextPiece]) -> Iterator[TextPiece]:
-        for piece in pieces:
-            if self.pressed:
-                return
-            yield piece
-
-
 class ChatSession:
     """The chat loop: turns go to the conversation, slash commands change the session's settings."""
 
@@ -224,7 +192,7 @@ class ChatSession:
     def answer(self, text: str) -> None:
         """Stream one answer; Ctrl-C stops it, and the partial answer stays in the conversation."""
         view = self.view
-        with _CtrlC() as ctrl_c:
+        with CtrlC() as ctrl_c:
 
             def prefill_progress(done: int, total: int) -> None:
                 ctrl_c.raise_if_pressed()  # a long prompt is read in chunks: stop between them

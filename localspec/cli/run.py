@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import closing
 from typing import Annotated, Optional
 
 import typer
 
 from localspec.cli import options as o
 from localspec.cli.console import err, out
+from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
@@ -51,12 +53,17 @@ def run_command(
     pieces = []
     live = not json_output and sys.stdout.isatty()
     view = LiveView(out, decoder) if live else None
-    with PrefillBar(err) as bar:
-        # The live view shows prefill progress in its own status line; a second live display would clash.
-        progress = view.prefill_progress if view is not None else bar
-        stream = conversation.ask(
-            text, max_tokens=max_tokens, sampling=sampling, stop=stop or (), prefill_progress=progress
+    with PrefillBar(err) as bar, CtrlC() as ctrl_c, closing(
+        conversation.ask(
+            text,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop or (),
+            # The live view shows prefill progress in its own status line; a second live display would clash.
+            prefill_progress=view.prefill_progress if view is not None else bar,
         )
+    ) as answer:
+        stream = ctrl_c.until_pressed(answer)
         if view is not None:
             pieces.append(view.stream(stream))  # ends with a newline of its own
         else:
@@ -77,7 +84,9 @@ def run_command(
         print(json.dumps(result))
     else:
         sys.stdout.write("" if live else "\n")
-        err.print(summary_line(stats), highlight=False)
+        err.print(summary_line(stats) + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
+    if ctrl_c.pressed:
+        raise typer.Exit(130)
     if stats.stop_reason == "context_full":
         raise ContextFullError(f"the context window ({decoder.target.n_ctx} tokens) filled up; use a larger --ctx")
 
