@@ -114,3 +114,10 @@ def test_configure_errors_name_the_fix():
     controller = Controller("auto")
     with pytest.raises(UsageError, match="at least 1"):
         controller.configure("lookup", 0)
+
+
+def test_extrapolation_follows_the_measured_slope():
+    """A CPU where each extra token costs most of a pass must not be assumed as cheap as the prior says."""
+    controller = measured({1: 0.040, 9: 0.210}, method="auto")
+    assert controller.pass_cost(17) == pytest.approx(0.210 + (0.210 - 0.040) / 8 * 8)
+    assert controller.pass_cost(5) == pytest.approx(0.040 + 0.5 * 0.170)

@@ -147,18 +147,23 @@ class Controller:
         return self._estimate(source, match_len).rate
 
     def pass_cost(self, batch_size: int) -> float | None:
-        """Measured (or, for unmeasured sizes, extrapolated) seconds for a target pass of this many tokens."""
+        """Measured (or, for unmeasured sizes, interpolated or extrapolated) seconds for a target pass."""
         if batch_size in self._pass_cost:
             return self._pass_cost[batch_size]
         one = self._pass_cost.get(1)
         if one is None:
             return None
-        below = max((b for b in self._pass_cost if b < batch_size), default=1)
-        above = min((b for b in self._pass_cost if b > batch_size), default=None)
-        if above is None:
-            return self._pass_cost[below] + PRIOR_BATCH_SLOPE * one * (batch_size - below)
-        frac = (batch_size - below) / (above - below)
-        return self._pass_cost[below] + frac * (self._pass_cost[above] - self._pass_cost[below])
+        sizes = sorted(self._pass_cost)
+        below = max((b for b in sizes if b < batch_size), default=1)
+        above = min((b for b in sizes if b > batch_size), default=None)
+        if above is not None:
+            frac = (batch_size - below) / (above - below)
+            return self._pass_cost[below] + frac * (self._pass_cost[above] - self._pass_cost[below])
+        # Beyond the largest measured size: the slope seen so far, or the prior until there is one.
+        slope = PRIOR_BATCH_SLOPE * one
+        if below > 1:
+            slope = max(slope, (self._pass_cost[below] - one) / (below - 1))
+        return self._pass_cost[below] + slope * (batch_size - below)
 
     def draft_step_cost(self) -> float | None:
         if self._draft_step is not None:
