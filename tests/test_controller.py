@@ -121,3 +121,14 @@ def test_extrapolation_follows_the_measured_slope():
     controller = measured({1: 0.040, 9: 0.210}, method="auto")
     assert controller.pass_cost(17) == pytest.approx(0.210 + (0.210 - 0.040) / 8 * 8)
     assert controller.pass_cost(5) == pytest.approx(0.040 + 0.5 * 0.170)
+    # One step from one token to two is the steepest part of a CPU's curve: it does not set the slope.
+    steep = measured({1: 0.040, 2: 0.080}, method="auto")
+    assert steep.pass_cost(10) == pytest.approx(0.080 + 0.2 * 0.040 * 8)
+
+
+def test_a_copy_in_progress_is_its_own_bucket():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 4, 0.2)
+    teach(controller, "lookup", 12, 0.95)
+    assert controller.acceptance("lookup", 5) < 0.5 < controller.acceptance("lookup", 9)
+    assert controller.plan(lookup_available=64, lookup_match_len=12).method == "lookup"

@@ -22,8 +22,10 @@ DEFAULT_FIXED_DRAFT_LEN = {"draft": 4, "lookup": 8}
 # Until a batch size is measured, assume each extra token adds this share of a one-token pass
 # (slightly optimistic: a wrong guess is measured and corrected after one round).
 PRIOR_BATCH_SLOPE = 0.2
+MIN_SLOPE_BATCH = 4
 # Prior acceptance per drafted token, and how many rounds' worth of belief the prior carries.
-PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65}
+# Keyed by n-gram match length (4 stands for 4-7): a match of 8 tokens or more is a copy in progress.
+PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85}
 PRIOR_DRAFT_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 3.0
 # Observations fade each round, so an estimate follows the text and an option written off long ago
@@ -140,7 +142,7 @@ class Controller:
 
     def _estimate(self, source: str, match_len: int) -> _Acceptance:
         if source == "lookup":
-            return self._lookup[max(1, min(match_len, max(self._lookup)))]
+            return self._lookup[max(b for b in self._lookup if b <= max(1, match_len))]
         return self._draft
 
     def acceptance(self, source: str, match_len: int = 1) -> float:
@@ -160,8 +162,9 @@ class Controller:
             frac = (batch_size - below) / (above - below)
             return self._pass_cost[below] + frac * (self._pass_cost[above] - self._pass_cost[below])
         # Beyond the largest measured size: the slope seen so far, or the prior until there is one.
+        # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
         slope = PRIOR_BATCH_SLOPE * one
-        if below > 1:
+        if below >= MIN_SLOPE_BATCH:
             slope = max(slope, (self._pass_cost[below] - one) / (below - 1))
         return self._pass_cost[below] + slope * (batch_size - below)
 

@@ -23,6 +23,9 @@ from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabili
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
 
+# Matching suffixes up to 8 tokens tells a copy in progress (long matches) from chance (short ones).
+LOOKUP_MAX_NGRAM = 8
+
 
 @dataclass
 class Step:
@@ -56,7 +59,7 @@ class SpeculativeDecoder:
     ) -> None:
         self.target = target
         self.draft = draft
-        self.lookup = PromptLookupProposer()
+        self.lookup = PromptLookupProposer(max_ngram=LOOKUP_MAX_NGRAM)
         self.controller = Controller(
             method, draft_len=draft_len, has_draft_model=draft is not None, draft_cost_ratio=draft_cost_ratio
         )
