@@ -32,19 +32,12 @@ def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str]
         for step in iterator:
             for token, source in zip(step.tokens, step.sources):
                 held += decoder.decode(model.token_bytes(token))
-                if not stop:
-                    if held:
-                        yield TextPiece(held, source, step)
-                        held = ""
-                    continue
                 cut = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
                 if cut >= 0:
                     if cut:
                         yield TextPiece(held[:cut], source, step)
-                    if hasattr(iterator, "close"):
-                        iterator.close()
-                    return
-                safe = len(held) - (longest_stop - 1)
+                    return  # the finally below closes the decoder's generator
+                safe = len(held) - max(longest_stop - 1, 0)
                 if safe > 0:
                     yield TextPiece(held[:safe], source, step)
                     held = held[safe:]

@@ -1,0 +1,27 @@
+"""Tokens to text: the stream ends just before the first stop string and emits no empty pieces."""
+
+from __future__ import annotations
+
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.text import stream_text
+
+
+def _pieces(tiny_target, stop=()):
+    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=256, n_threads=1), method="lookup")
+    prompt = decoder.target.tokenize("hello world the code", add_bos=True)
+    return list(stream_text(decoder.target, decoder.generate(prompt, max_tokens=40), stop=stop)), decoder
+
+
+def test_without_stop_strings_every_piece_has_text(tiny_target):
+    pieces, _ = _pieces(tiny_target)
+    assert pieces and all(piece.text for piece in pieces)
+
+
+def test_output_ends_before_the_first_stop_string(tiny_target):
+    pieces, _ = _pieces(tiny_target)
+    full = "".join(p.text for p in pieces)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut_pieces, decoder = _pieces(tiny_target, stop=(stop, "never-in-the-output"))
+    assert "".join(p.text for p in cut_pieces) == full[: full.index(stop)]
+    assert decoder.stats.generated_tokens < 40  # the decoder was stopped, not run to the token budget
