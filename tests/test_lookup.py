@@ -7,32 +7,52 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.engine.lookup import PromptLookupProposer
+from localspec.engine.lookup import SKIP_MATCH_LEN, SKIP_MIN_CONTEXT, PromptLookupProposer
 
 
 def naive_propose(
     history: list[int], max_tokens: int, *, max_ngram: int, min_ngram: int, max_draft: int
 ) -> tuple[list[int], int]:
-    """The specification as a full rescan: longest suffix first, then its latest earlier occurrence.
+    """The specification as a full rescan: longest suffix first, then its latest earlier occurrence;
+    failing a match of SKIP_MIN_CONTEXT tokens, a longer match of the tokens before the last one,
+    continued one token past the earlier occurrence (the last token edited that one).
 
     Returns:
-        The draft and the matched n-gram length (0 for no match).
+        The draft and the reported match length (0 for no match).
     """
     size = len(history)
     count = min(max_tokens, max_draft)
     if count <= 0:
         return [], 0
+
+    def copy_from(start: int) -> list[int]:
+        # Overlapping copy: seq[start + k] where seq is history followed by the draft itself.
+        seq = list(history)
+        for k in range(count):
+            seq.append(seq[start + k])
+        return seq[size:]
+
+    found = None
     for n in range(max_ngram, min_ngram - 1, -1):
         suffix = history[size - n :] if n <= size else None
         # ``end`` is where the earlier occurrence stops; it must leave a token after it, so end < size.
-        for end in range(size - 1, n - 1, -1):
-            if history[end - n : end] == suffix:
-                # Overlapping copy: seq[end + k] where seq is history followed by the draft itself.
-                seq = list(history)
-                for k in range(count):
-                    seq.append(seq[end + k])
-                return seq[size:], n
-    return [], 0
+        hit = next((end for end in range(size - 1, n - 1, -1) if history[end - n : end] == suffix), None)
+        if hit is not None:
+            found = (n, hit)
+            break
+    exact_len = found[0] if found else 0
+    if exact_len < SKIP_MIN_CONTEXT:
+        for m in range(max_ngram, max(exact_len, SKIP_MIN_CONTEXT - 1), -1):
+            if m > size - 2:
+                continue
+            context = history[size - 1 - m : size - 1]
+            # an earlier occurrence than the one ending just before the last token
+            hit = next((end for end in range(size - 2, m - 1, -1) if history[end - m : end] == context), None)
+            if hit is not None:
+                return copy_from(hit + 1), SKIP_MATCH_LEN
+    if found is None:
+        return [], 0
+    return copy_from(found[1]), found[0]
 
 
 def make(history: list[int], **knobs) -> PromptLookupProposer:
@@ -93,6 +113,19 @@ def test_copying_a_file_back_drafts_a_long_run():
     assert proposer.propose(48) == file[4:52]
     assert proposer.last_match_len == 4
     assert len(proposer.propose(1000)) == proposer.max_draft
+
+
+def test_an_edited_token_resumes_the_copy_after_it():
+    # source "... 1 2 3 4 50 6 7 8", output so far "1 2 3 4 60": 60 replaced 50, so copy from 6 on.
+    proposer = make([9, 1, 2, 3, 4, 50, 6, 7, 8, 9, 1, 2, 3, 4, 60], max_ngram=8)
+    assert proposer.propose(3) == [6, 7, 8]
+    assert proposer.last_match_len == SKIP_MATCH_LEN
+
+
+def test_a_long_exact_match_beats_an_edit_skip():
+    proposer = make([1, 2, 3, 4, 5, 6, 0, 2, 3, 4, 5, 1, 2, 3, 4, 5], max_ngram=8)
+    assert proposer.propose(2) == [6, 0]
+    assert proposer.last_match_len == 5
 
 
 def test_extend_is_incremental():

@@ -53,6 +53,13 @@ def _report_llama(cpu_flags: list[str]) -> bool:
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
         )
+    if has_exact_tiled(lib_dir):
+        out.print("batched verification: fast tiled kernels, bit-identical to one-token steps (patched build)")
+    else:
+        err.print(
+            "[bold yellow]note: this llama.cpp build lacks localspec's exact tiled-matmul patch: output stays "
+            "lossless but verification batches and prompts run about 2x slower; run scripts/setup[/]"
+        )
     if not has_amx_backend(lib_dir, system_info):
         return True
     crashes_here = any(flag.startswith("amx") for flag in cpu_flags)
@@ -79,6 +86,11 @@ def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
     if re.search(r"AMX\w* = 1", system_info):
         return True
     return any(_AMX_BACKEND.search(lib.read_bytes()) for lib in sorted(lib_dir.glob("*.so*")) + sorted(lib_dir.glob("*.dylib")))
+
+
+def has_exact_tiled(lib_dir: Path) -> bool:
+    """True when the CPU backend understands GGML_CPU_TILED_MM=exact (scripts/patches/llama-cpp-exact-tiled.patch)."""
+    return any(b"\0exact\0" in lib.read_bytes() for lib in lib_dir.glob("libggml-cpu*"))
 
 
 def gpu_backends(lib_dir: Path, system_info: str) -> str:

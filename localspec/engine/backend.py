@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from localspec.errors import ContextFullError, LocalspecError
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
+# Evals of at least this many tokens are timed and kept as `large_eval`, a cost anchor for long drafts.
+LARGE_EVAL = 64
 
 
 _log_callback = None  # kept referenced: llama.cpp holds a raw pointer to it
@@ -48,13 +51,18 @@ def _import_llama_cpp():
     """Import llama-cpp-python configured for batch-invariant CPU kernels, and quiet.
 
     Speculative decoding reproduces the target's greedy output only if verifying k tokens in one batch
-    gives bit-identical logits to evaluating them one by one. llama.cpp's CPU backend picks faster
+    gives bit-identical logits to evaluating them one by one. llama.cpp's CPU backend picks other
     kernels for larger batches (tiled K-quant matmul from 8 rows, llamafile sgemm, repacked weights,
-    tiled flash attention), whose sums are ordered differently; with those off (this env var, the
-    model and context parameters below, and GGML_LLAMAFILE=OFF in scripts/setup) the logits are equal
-    bit for bit (tests/test_backend.py checks it).
+    tiled flash attention), whose sums are ordered differently. scripts/setup builds llama.cpp without
+    llamafile and with scripts/patches/llama-cpp-exact-tiled.patch, which adds GGML_CPU_TILED_MM=exact:
+    q4_K/q6_K weights then take the fast tiled kernel at every batch size, small batches through a GEMV
+    with the same float operations in the same order. A build without the patch reads "exact" as off
+    (vec_dot for everything), which is also batch-invariant, only slower for batches. Repacked weights
+    and flash attention are off below. tests/test_backend.py checks the logits bit for bit.
     """
-    os.environ.setdefault("GGML_CPU_TILED_MM", "0")  # read once, when ggml first runs a matmul
+    # Not setdefault: any other value would break losslessness. ggml reads it once, at the first matmul.
+    os.environ["GGML_CPU_TILED_MM"] = "exact"
+    os.environ.pop("GGML_CPU_TILED_MM_FORCE", None)
     import llama_cpp
     from llama_cpp import _internals
 
@@ -113,6 +121,7 @@ class LlamaModel:
         self.n_threads = threads
         self.n_vocab: int = self._model.n_vocab()
         self.tokens: list[int] = []
+        self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large eval
         self._pieces: dict[int, bytes] = {}
         self._vocab = self._model.vocab
         self.bos_id: int = self._model.token_bos()
@@ -184,12 +193,15 @@ class LlamaModel:
                 "use a larger --ctx or a shorter prompt"
             )
         first_logit = n - n_logits
+        started = time.perf_counter()
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             self._decode(chunk, first_logit - start)
             self.tokens.extend(chunk)
             if progress is not None:
                 progress(start + len(chunk), n)
+        if n >= LARGE_EVAL:
+            self.large_eval = (n, time.perf_counter() - started)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = self._lib.llama_get_logits(self._ctx.ctx)

@@ -106,6 +106,10 @@ class SpeculativeDecoder:
         logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress)[0]
         stats.prefill_tokens = len(prompt) - keep
         stats.prefill_s = perf_counter() - start
+        if target.large_eval is not None:
+            # A measured pass larger than most drafts anchors what long drafts cost; on a CPU they can
+            # be far cheaper per token than short ones (llama.cpp switches kernels for larger batches).
+            self.controller.record_pass(*target.large_eval)
 
         context = list(prompt)
         try:

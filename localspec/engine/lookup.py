@@ -12,6 +12,12 @@ from collections.abc import Sequence
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_DRAFT = 64
+# An edit while copying (a renamed identifier) breaks every suffix match at the edited token. A match of
+# at least this many tokens just before it, continued past the token it replaced, resumes the copy.
+SKIP_MIN_CONTEXT = 4
+# Such a draft is reported as a match of this length: a resumed copy is likelier than a short match is
+# right, but the model may be writing new text instead.
+SKIP_MATCH_LEN = 3
 
 
 class PromptLookupProposer:
@@ -45,6 +51,9 @@ class PromptLookupProposer:
         # n-gram -> position of the token that followed its latest occurrence. An n-gram is indexed only
         # once its follower exists, so the history's own suffix never matches itself.
         self._follower: dict[tuple[int, ...], int] = {}
+        # n-gram -> the follower before that: the n-gram just before the last token has the last token
+        # as its latest follower, and an edit-skipping match needs the occurrence before it.
+        self._previous: dict[tuple[int, ...], int] = {}
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -60,7 +69,11 @@ class PromptLookupProposer:
             position = len(self._tokens)
             # The new token is the follower of every n-gram that ends just before it.
             for n in range(self.min_ngram, min(self.max_ngram, position) + 1):
-                self._follower[tuple(self._tokens[position - n : position])] = position
+                key = tuple(self._tokens[position - n : position])
+                latest = self._follower.get(key)
+                if latest is not None:
+                    self._previous[key] = latest
+                self._follower[key] = position
             self._tokens.append(int(token))
 
     def truncate(self, n: int) -> None:
@@ -74,10 +87,15 @@ class PromptLookupProposer:
         kept = self._tokens[:n]
         self._tokens = []
         self._follower = {}
+        self._previous = {}
         self.extend(kept)
 
     def propose(self, max_tokens: int) -> list[int]:
         """Draft up to ``max_tokens`` tokens continuing the history; sets ``last_match_len``.
+
+        The longest suffix that occurred earlier is continued. When the longest match is shorter than
+        ``SKIP_MIN_CONTEXT`` but the tokens before the last one match longer, the last token is taken
+        as an edit of the token that followed them and the copy resumes after it.
 
         Returns:
             The draft, empty when no suffix of at least ``min_ngram`` tokens occurred earlier.
@@ -91,9 +109,22 @@ class PromptLookupProposer:
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
             start = self._follower.get(tuple(tokens[size - n :]))
             if start is not None:
-                self.last_match_len = n
-                # Copy what followed the match. A copy that runs into the present means the text repeats
-                # with period size - start, so keep repeating it (as an overlapping LZ77 copy would).
-                copy = tokens[start : start + count]
-                return (copy * -(-count // len(copy)))[:count]
-        return []
+                break
+        else:
+            n, start = 0, None
+        if n < SKIP_MIN_CONTEXT:
+            for m in range(min(self.max_ngram, size - 2), max(n, SKIP_MIN_CONTEXT - 1), -1):
+                context = tuple(tokens[size - 1 - m : size - 1])
+                edited = self._follower.get(context)
+                if edited == size - 1:  # that is the occurrence being continued now
+                    edited = self._previous.get(context)
+                if edited is not None:
+                    n, start = SKIP_MATCH_LEN, edited + 1
+                    break
+        if start is None:
+            return []
+        self.last_match_len = n
+        # Copy what followed the match. A copy that runs into the present means the text repeats with
+        # period size - start, so keep repeating it (as an overlapping LZ77 copy would).
+        copy = tokens[start : start + count]
+        return (copy * -(-count // len(copy)))[:count]
