@@ -167,7 +167,7 @@ def test_bad_prompt_files_are_one_line_errors_naming_the_file(tmp_path, tiny_tar
 @pytest.mark.parametrize(
     "args,expected",
     [
-        (["--workloads", "code-edit,poetry"], "unknown workload 'poetry'; choose from code-edit, code-new"),
+        (["--workloads", "code-edit,poetry"], "unknown workload 'poetry'; choose from code-edit, code-rewrite, code-new"),
         (["--methods", "none,telepathy"], "unknown method 'telepathy'"),
         (["--draft-len", "4,0"], "bad --draft-len item '0'"),
         (["--methods", "draft"], "needs a draft model"),

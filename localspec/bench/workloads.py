@@ -21,7 +21,7 @@ from localspec.errors import UsageError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "workloads"
 # The order slices are shown in; the shipped files define what exists.
-SHIPPED_ORDER = ("code-edit", "code-new", "chat", "json", "summarize", "multi-turn")
+SHIPPED_ORDER = ("code-edit", "code-rewrite", "code-new", "chat", "json", "summarize", "multi-turn")
 _KEYS = {"workload", "id", "prompt", "turns", "system"}
 
 
