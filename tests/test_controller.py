@@ -32,8 +32,24 @@ def test_expected_tokens_is_the_geometric_sum():
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 
-def test_nothing_measured_means_a_plain_step_in_auto():
-    assert Controller("auto").plan(lookup_available=10, lookup_match_len=4).method == "none"
+@pytest.mark.parametrize("method", ["auto", "lookup"])
+def test_a_plain_step_comes_first_so_every_choice_has_a_price(method):
+    controller = Controller(method)
+    controller.record_pass(300, 2.0)  # a large prefill alone does not price a one-token step
+    assert controller.plan(lookup_available=10, lookup_match_len=8).method == "none"
+    controller.record_pass(1, 0.04)
+    assert controller.plan(lookup_available=10, lookup_match_len=8).method == "lookup"
+
+
+def test_a_measured_large_pass_makes_long_copies_pay():
+    """Linear small-batch costs alone cap the draft; a cheap large pass (tiled kernels) lifts the cap."""
+    small = {1: 0.043, 2: 0.064, 3: 0.080, 4: 0.100, 8: 0.175}
+    controller = measured(small, method="lookup")
+    teach(controller, "lookup", 32, 0.95, k=20)
+    short = controller.plan(lookup_available=64, lookup_match_len=32)
+    controller.record_pass(268, 2.1)
+    long = controller.plan(lookup_available=64, lookup_match_len=32)
+    assert long.k > 2 * short.k and long.expected_rate > short.expected_rate
 
 
 def test_cpu_costs_with_a_poor_lookup_do_not_speculate():

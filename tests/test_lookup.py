@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.engine.lookup import SKIP_MATCH_LEN, SKIP_MIN_CONTEXT, PromptLookupProposer
+from localspec.engine.lookup import MAX_REPORTED_MATCH, SKIP_MATCH_LEN, SKIP_MIN_CONTEXT, PromptLookupProposer
 
 
 def naive_propose(
@@ -38,6 +38,9 @@ def naive_propose(
         # ``end`` is where the earlier occurrence stops; it must leave a token after it, so end < size.
         hit = next((end for end in range(size - 1, n - 1, -1) if history[end - n : end] == suffix), None)
         if hit is not None:
+            if n == max_ngram:  # measured further back
+                while n < MAX_REPORTED_MATCH and n < hit and history[hit - 1 - n] == history[size - 1 - n]:
+                    n += 1
             found = (n, hit)
             break
     exact_len = found[0] if found else 0

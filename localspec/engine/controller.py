@@ -18,14 +18,14 @@ from localspec.errors import UsageError
 METHODS = ("none", "draft", "lookup", "hybrid", "auto")
 DEFAULT_LOOKUP_MAX = 64
 DEFAULT_DRAFT_MAX = 16
-DEFAULT_FIXED_DRAFT_LEN = {"draft": 4, "lookup": 8}
 # Until a batch size is measured, assume each extra token adds this share of a one-token pass
 # (slightly optimistic: a wrong guess is measured and corrected after one round).
 PRIOR_BATCH_SLOPE = 0.2
 MIN_SLOPE_BATCH = 4
 # Prior acceptance per drafted token, and how many rounds' worth of belief the prior carries.
-# Keyed by n-gram match length (4 stands for 4-7): a match of 8 tokens or more is a copy in progress.
-PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85}
+# Keyed by match length (4 stands for 4-7): a match of 8 tokens or more is a copy in progress, the
+# likelier to go on the longer it has run.
+PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.92, 32: 0.96}
 PRIOR_DRAFT_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 3.0
 # Observations fade each round, so an estimate follows the text and an option written off long ago
@@ -207,12 +207,8 @@ class Controller:
                 return Plan("lookup", lookup_k, 0.0, 0.0)
             return Plan("draft", self.draft_len, 0.0, 0.0)
         if one is None:
-            # Nothing measured yet: fixed methods start with a default length, auto with a plain step.
-            if method == "auto":
-                return Plan("none", 0, 1.0, 0.0)
-            if method == "lookup" or (method == "hybrid" and lookup_k > 0):
-                return Plan("lookup", min(lookup_k, DEFAULT_FIXED_DRAFT_LEN["lookup"]), 0.0, 0.0)
-            return Plan("draft", min(self.draft_max, DEFAULT_FIXED_DRAFT_LEN["draft"]), 0.0, 0.0)
+            # Every choice is priced against a one-token pass, so measure one first.
+            return Plan("none", 0, 1.0, 0.0)
 
         options: list[Plan] = []
         if method == "auto":

@@ -18,6 +18,9 @@ SKIP_MIN_CONTEXT = 4
 # Such a draft is reported as a match of this length: a resumed copy is likelier than a short match is
 # right, but the model may be writing new text instead.
 SKIP_MATCH_LEN = 3
+# A longest match is measured back past max_ngram up to this length: a long verbatim run is a copy in
+# progress, and the controller drafts more the longer the run.
+MAX_REPORTED_MATCH = 64
 
 
 class PromptLookupProposer:
@@ -93,7 +96,8 @@ class PromptLookupProposer:
     def propose(self, max_tokens: int) -> list[int]:
         """Draft up to ``max_tokens`` tokens continuing the history; sets ``last_match_len``.
 
-        The longest suffix that occurred earlier is continued. When the longest match is shorter than
+        The longest suffix that occurred earlier is continued (a match of ``max_ngram`` tokens is
+        measured further back, up to ``MAX_REPORTED_MATCH``). When the longest match is shorter than
         ``SKIP_MIN_CONTEXT`` but the tokens before the last one match longer, the last token is taken
         as an edit of the token that followed them and the copy resumes after it.
 
@@ -109,6 +113,9 @@ class PromptLookupProposer:
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
             start = self._follower.get(tuple(tokens[size - n :]))
             if start is not None:
+                if n == self.max_ngram:
+                    while n < MAX_REPORTED_MATCH and n < start and tokens[start - 1 - n] == tokens[size - 1 - n]:
+                        n += 1
                 break
         else:
             n, start = 0, None
