@@ -4,6 +4,7 @@
 Prints, per prompt and method: decode tok/s, the ratio to the target alone (same prompt, same run,
 methods interleaved so machine drift cancels), acceptance, target passes, Python overhead per round,
 and whether the output is token-identical to the target alone. Greedy, --threads 2 by default.
+First it prints the target's pass time by batch size and its prefill speed: what verification costs.
 
     .venv/bin/python scripts/bench_engine.py [--runs 2] [--max-tokens 192] [--threads 2]
 """
@@ -86,6 +87,7 @@ def main() -> None:
 
     # Untimed warm-up of both models.
     generate("Say hi.", "draft", 2)
+    print_pass_costs(target)
 
     results: dict[tuple[str, str], list] = {}
     outputs: dict[tuple[str, str], list[int]] = {}
@@ -109,6 +111,26 @@ def main() -> None:
             same = outputs[(name, method)] == outputs[(name, "none")]
             print(f"{name:10} {method:8} {tps:7.1f} {tps / base:7.2f}x {last.acceptance_rate:7.0%} "
                   f"{last.rounds:7d} {overhead:12.2f} {str(same):>9}")
+
+
+def print_pass_costs(target: LlamaModel, sizes=(1, 2, 4, 8, 16, 32, 64), reps=5) -> None:
+    """Median target pass time by batch size (all rows' logits, as verification needs), and prefill speed."""
+    tokens = target.tokenize(EDIT_CODE * 3, add_bos=False)
+    target.reset()
+    start = time.perf_counter()
+    target.eval(tokens[:256], n_logits=0)
+    prefill = 256 / (time.perf_counter() - start)
+    costs = []
+    for size in sizes:
+        times = []
+        for _ in range(reps):
+            target.rollback(256)
+            start = time.perf_counter()
+            target.eval(tokens[256 : 256 + size], n_logits=size)
+            times.append(time.perf_counter() - start)
+        costs.append(f"{size}: {1000 * statistics.median(times):.0f}")
+    target.reset()
+    print(f"target pass ms by batch size: {' / '.join(costs)}; prefill {prefill:.0f} tok/s", flush=True)
 
 
 if __name__ == "__main__":
