@@ -53,8 +53,12 @@ def _report_llama(cpu_flags: list[str]) -> bool:
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
         )
-    if has_exact_tiled(lib_dir):
+    patched = has_exact_tiled(lib_dir)
+    if patched and "AVX512_VNNI = 1" in system_info:
         out.print("batched verification: fast tiled kernels, bit-identical to one-token steps (patched build)")
+    elif patched:
+        # The patch's small-batch kernel mirrors the AVX-512 VNNI microkernel; elsewhere exact mode is vec_dot.
+        out.print("batched verification: vec_dot kernels, bit-identical but slower (no exact tiled kernel for this CPU)")
     else:
         err.print(
             "[bold yellow]note: this llama.cpp build lacks localspec's exact tiled-matmul patch: output stays "
