@@ -10,12 +10,32 @@ from hypothesis import strategies as st
 from localspec.engine.lookup import MAX_REPORTED_MATCH, SKIP_MATCH_LEN, SKIP_MIN_CONTEXT, PromptLookupProposer
 
 
+def naive_replacements(history: list[int], *, max_ngram: int, min_ngram: int) -> dict[int, int]:
+    """Replay the history: a token at q that took the place of the token following the latest earlier
+    occurrence of the SKIP_MIN_CONTEXT tokens before it, with the next two tokens copied on as they were
+    there, is learned as a replacement; writing the old token again unlearns it."""
+    learns = min_ngram <= SKIP_MIN_CONTEXT <= max_ngram
+    replacements: dict[int, int] = {}
+    for p, token in enumerate(history):
+        replacements.pop(token, None)
+        q = p - 2
+        if not learns or q < SKIP_MIN_CONTEXT:
+            continue
+        context = history[q - SKIP_MIN_CONTEXT : q]
+        source = next((end for end in range(q - 1, SKIP_MIN_CONTEXT - 1, -1) if history[end - SKIP_MIN_CONTEXT : end] == context), None)
+        if source is not None and history[source] != history[q]:
+            if history[source + 1] == history[q + 1] and history[source + 2] == token:
+                replacements[history[source]] = history[q]
+    return replacements
+
+
 def naive_propose(
     history: list[int], max_tokens: int, *, max_ngram: int, min_ngram: int, max_draft: int
 ) -> tuple[list[int], int]:
-    """The specification as a full rescan: longest suffix first, then its latest earlier occurrence;
-    failing a match of SKIP_MIN_CONTEXT tokens, a longer match of the tokens before the last one,
-    continued one token past the earlier occurrence (the last token edited that one).
+    """The specification as a full rescan: longest suffix first (as written, then with learned new
+    tokens turned back into the old ones), then its latest earlier occurrence; failing a match of
+    SKIP_MIN_CONTEXT tokens, a longer match of the tokens before the last one, continued one token past
+    the earlier occurrence (the last token edited that one). Learned replacements apply to the draft.
 
     Returns:
         The draft and the reported match length (0 for no match).
@@ -24,22 +44,34 @@ def naive_propose(
     count = min(max_tokens, max_draft)
     if count <= 0:
         return [], 0
+    replace = naive_replacements(history, max_ngram=max_ngram, min_ngram=min_ngram)
+    restore = {new: old for old, new in replace.items()}
 
     def copy_from(start: int) -> list[int]:
         # Overlapping copy: seq[start + k] where seq is history followed by the draft itself.
         seq = list(history)
         for k in range(count):
             seq.append(seq[start + k])
-        return seq[size:]
+        return [replace.get(t, t) for t in seq[size:]]
+
+    def same(earlier: int, later: int) -> bool:
+        return earlier == later or replace.get(earlier) == later
+
+    def latest_end(ngram: list[int]) -> int | None:
+        # ``end`` is where the earlier occurrence stops; it must leave a token after it, so end < size.
+        return next((end for end in range(size - 1, len(ngram) - 1, -1) if history[end - len(ngram) : end] == ngram), None)
 
     found = None
     for n in range(max_ngram, min_ngram - 1, -1):
-        suffix = history[size - n :] if n <= size else None
-        # ``end`` is where the earlier occurrence stops; it must leave a token after it, so end < size.
-        hit = next((end for end in range(size - 1, n - 1, -1) if history[end - n : end] == suffix), None)
+        if n > size:
+            continue
+        suffix = history[size - n :]
+        hit = latest_end(suffix)
+        if hit is None and [restore.get(t, t) for t in suffix] != suffix:
+            hit = latest_end([restore.get(t, t) for t in suffix])
         if hit is not None:
-            if n == max_ngram:  # measured further back
-                while n < MAX_REPORTED_MATCH and n < hit and history[hit - 1 - n] == history[size - 1 - n]:
+            if n == max_ngram:  # measured further back, a replaced token counting as its replacement
+                while n < MAX_REPORTED_MATCH and n < hit and same(history[hit - 1 - n], history[size - 1 - n]):
                     n += 1
             found = (n, hit)
             break
@@ -123,6 +155,32 @@ def test_an_edited_token_resumes_the_copy_after_it():
     proposer = make([9, 1, 2, 3, 4, 50, 6, 7, 8, 9, 1, 2, 3, 4, 60], max_ngram=8)
     assert proposer.propose(3) == [6, 7, 8]
     assert proposer.last_match_len == SKIP_MATCH_LEN
+
+
+def test_a_learned_rename_runs_the_copy_through_its_later_occurrences():
+    # source: 1 2 3 4 50 6 7 8 9 50 10; the answer copied 1 2 3 4, wrote 60 for 50, then copied 6 7 on.
+    source = [1, 2, 3, 4, 50, 6, 7, 8, 9, 50, 10, 11]
+    proposer = make([*source, 0, 1, 2, 3, 4, 60, 6, 7], max_ngram=8)
+    assert proposer.propose(5) == [8, 9, 60, 10, 11]
+    # the match (8 tokens with both replacements) is measured back to the start of the source
+    proposer.extend([8, 9, 60])
+    assert proposer.propose(2) == [10, 11]
+    assert proposer.last_match_len == 10
+
+
+def test_writing_the_old_token_again_unlearns_a_rename():
+    source = [1, 2, 3, 4, 50, 6, 7, 8, 9, 50, 10, 11]
+    proposer = make([*source, 0, 1, 2, 3, 4, 60, 6, 7, 8, 9, 50], max_ngram=8)
+    assert proposer.propose(2) == [10, 11]
+    proposer.truncate(len(source) + 8)  # back to "... 60 6 7": relearned from the history
+    assert proposer.propose(3) == [8, 9, 60]
+
+
+def test_a_token_that_was_inserted_is_not_learned_as_a_rename():
+    # 60 was inserted before 50 (the copy goes on with 50, not with what followed it)
+    source = [1, 2, 3, 4, 50, 6, 7, 8, 9, 50, 10]
+    proposer = make([*source, 0, 1, 2, 3, 4, 60, 50, 6, 7, 8, 9], max_ngram=8)
+    assert proposer.propose(2) == [50, 10]
 
 
 def test_a_long_exact_match_beats_an_edit_skip():

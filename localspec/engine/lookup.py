@@ -3,6 +3,11 @@
 Code edits, quoted files and repeated boilerplate make the answer repeat text the session has already
 seen, and there a lookup drafts long runs for free (no draft model). The index is incremental, so a
 round costs O(max_ngram) however long the session is.
+
+A renamed identifier breaks a copy at every occurrence. Once the answer has replaced a token of the text
+it copies and then carried on copying, the replacement is learned: drafts apply it, and matching treats
+the two tokens as equal, so the copy runs through the later occurrences (until the answer writes the old
+token again, which unlearns it).
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ class PromptLookupProposer:
         # n-gram -> the follower before that: the n-gram just before the last token has the last token
         # as its latest follower, and an edit-skipping match needs the occurrence before it.
         self._previous: dict[tuple[int, ...], int] = {}
+        # position q -> the follower of the latest earlier occurrence of the SKIP_MIN_CONTEXT tokens before
+        # q, kept until q + 2 shows whether the token at q replaced that follower in a copy
+        self._copied_from: dict[int, int] = {}
+        # learned replacements, old token -> new token
+        self._replacements: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -69,15 +79,30 @@ class PromptLookupProposer:
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens the session has seen (the prompt, then each accepted batch)."""
         for token in tokens:
+            token = int(token)
             position = len(self._tokens)
+            self._learn_replacement(position, token)
             # The new token is the follower of every n-gram that ends just before it.
             for n in range(self.min_ngram, min(self.max_ngram, position) + 1):
                 key = tuple(self._tokens[position - n : position])
                 latest = self._follower.get(key)
                 if latest is not None:
                     self._previous[key] = latest
+                    if n == SKIP_MIN_CONTEXT:
+                        self._copied_from[position] = latest
                 self._follower[key] = position
-            self._tokens.append(int(token))
+            self._tokens.append(token)
+
+    def _learn_replacement(self, position: int, token: int) -> None:
+        """Before ``token`` is appended at ``position``: unlearn it as an old token, and learn the token
+        two back as a replacement if it took the place of a copied token and the copy then went on."""
+        tokens = self._tokens
+        self._replacements.pop(token, None)
+        edit = position - 2
+        source = self._copied_from.pop(edit, None)
+        if source is not None and tokens[source] != tokens[edit]:
+            if tokens[source + 1] == tokens[edit + 1] and tokens[source + 2] == token:
+                self._replacements[tokens[source]] = tokens[edit]
 
     def truncate(self, n: int) -> None:
         """Drop history back to its first ``n`` tokens (a reset, or a turn regenerated or edited).
@@ -91,6 +116,8 @@ class PromptLookupProposer:
         self._tokens = []
         self._follower = {}
         self._previous = {}
+        self._copied_from = {}
+        self._replacements = {}
         self.extend(kept)
 
     def propose(self, max_tokens: int) -> list[int]:
@@ -99,7 +126,9 @@ class PromptLookupProposer:
         The longest suffix that occurred earlier is continued (a match of ``max_ngram`` tokens is
         measured further back, up to ``MAX_REPORTED_MATCH``). When the longest match is shorter than
         ``SKIP_MIN_CONTEXT`` but the tokens before the last one match longer, the last token is taken
-        as an edit of the token that followed them and the copy resumes after it.
+        as an edit of the token that followed them and the copy resumes after it. Learned replacements
+        count as equal tokens in matching (a suffix is tried as written, then with its new tokens
+        turned back into the old ones) and are applied to the draft.
 
         Returns:
             The draft, empty when no suffix of at least ``min_ngram`` tokens occurred earlier.
@@ -110,11 +139,21 @@ class PromptLookupProposer:
         count = min(max_tokens, self.max_draft)
         if count <= 0:
             return []
+        replace = self._replacements
+        restore = {new: old for old, new in replace.items()}
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
-            start = self._follower.get(tuple(tokens[size - n :]))
+            suffix = tuple(tokens[size - n :])
+            start = self._follower.get(suffix)
+            if start is None and restore:
+                restored = tuple(restore.get(t, t) for t in suffix)
+                if restored != suffix:
+                    start = self._follower.get(restored)
             if start is not None:
                 if n == self.max_ngram:
-                    while n < MAX_REPORTED_MATCH and n < start and tokens[start - 1 - n] == tokens[size - 1 - n]:
+                    while n < MAX_REPORTED_MATCH and n < start:
+                        earlier, later = tokens[start - 1 - n], tokens[size - 1 - n]
+                        if earlier != later and replace.get(earlier) != later:
+                            break
                         n += 1
                 break
         else:
@@ -133,5 +172,5 @@ class PromptLookupProposer:
         self.last_match_len = n
         # Copy what followed the match. A copy that runs into the present means the text repeats with
         # period size - start, so keep repeating it (as an overlapping LZ77 copy would).
-        copy = tokens[start : start + count]
+        copy = [replace.get(t, t) for t in tokens[start : start + count]]
         return (copy * -(-count // len(copy)))[:count]
