@@ -7,15 +7,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.engine.lookup import MAX_REPORTED_MATCH, SKIP_MATCH_LEN, SKIP_MIN_CONTEXT, PromptLookupProposer
+from localspec.engine.lookup import (
+    MAX_REPORTED_MATCH,
+    RENAME_SEEN,
+    SKIP_MATCH_LEN,
+    SKIP_MIN_CONTEXT,
+    PromptLookupProposer,
+)
 
 
-def naive_replacements(history: list[int], *, max_ngram: int, min_ngram: int) -> dict[int, int]:
+def naive_replacements(history: list[int], *, max_ngram: int, min_ngram: int) -> dict[int, tuple[int, int]]:
     """Replay the history: a token at q that took the place of the token following the latest earlier
     occurrence of the SKIP_MIN_CONTEXT tokens before it, with the next two tokens copied on as they were
-    there, is learned as a replacement; writing the old token again unlearns it."""
+    there, is learned as a replacement (old -> (new, times seen)); writing the old token again unlearns it."""
     learns = min_ngram <= SKIP_MIN_CONTEXT <= max_ngram
-    replacements: dict[int, int] = {}
+    replacements: dict[int, tuple[int, int]] = {}
     for p, token in enumerate(history):
         replacements.pop(token, None)
         q = p - 2
@@ -25,17 +31,20 @@ def naive_replacements(history: list[int], *, max_ngram: int, min_ngram: int) ->
         source = next((end for end in range(q - 1, SKIP_MIN_CONTEXT - 1, -1) if history[end - SKIP_MIN_CONTEXT : end] == context), None)
         if source is not None and history[source] != history[q]:
             if history[source + 1] == history[q + 1] and history[source + 2] == token:
-                replacements[history[source]] = history[q]
+                old, new = history[source], history[q]
+                known, seen = replacements.get(old, (new, 0))
+                replacements[old] = (new, seen + 1 if known == new else 1)
     return replacements
 
 
 def naive_propose(
     history: list[int], max_tokens: int, *, max_ngram: int, min_ngram: int, max_draft: int
 ) -> tuple[list[int], int]:
-    """The specification as a full rescan: longest suffix first (as written, then with learned new
-    tokens turned back into the old ones), then its latest earlier occurrence; failing a match of
+    """The specification as a full rescan: longest suffix first (as written, then with renamed tokens
+    turned back into the old ones), then its latest earlier occurrence; failing a match of
     SKIP_MIN_CONTEXT tokens, a longer match of the tokens before the last one, continued one token past
-    the earlier occurrence (the last token edited that one). Learned replacements apply to the draft.
+    the earlier occurrence (the last token edited that one). Learned replacements apply to the draft,
+    which ends at one seen fewer than RENAME_SEEN times.
 
     Returns:
         The draft and the reported match length (0 for no match).
@@ -44,18 +53,21 @@ def naive_propose(
     count = min(max_tokens, max_draft)
     if count <= 0:
         return [], 0
-    replace = naive_replacements(history, max_ngram=max_ngram, min_ngram=min_ngram)
-    restore = {new: old for old, new in replace.items()}
+    learned = naive_replacements(history, max_ngram=max_ngram, min_ngram=min_ngram)
+    renames = {old: new for old, (new, seen) in learned.items() if seen >= RENAME_SEEN}
+    restore = {new: old for old, new in renames.items()}
 
     def copy_from(start: int) -> list[int]:
         # Overlapping copy: seq[start + k] where seq is history followed by the draft itself.
         seq = list(history)
         for k in range(count):
             seq.append(seq[start + k])
-        return [replace.get(t, t) for t in seq[size:]]
+        draft = [learned[t][0] if t in learned else t for t in seq[size:]]
+        cut = next((k + 1 for k, t in enumerate(seq[size:]) if t in learned and t not in renames), count)
+        return draft[:cut]
 
     def same(earlier: int, later: int) -> bool:
-        return earlier == later or replace.get(earlier) == later
+        return earlier == later or renames.get(earlier) == later
 
     def latest_end(ngram: list[int]) -> int | None:
         # ``end`` is where the earlier occurrence stops; it must leave a token after it, so end < size.
@@ -157,22 +169,27 @@ def test_an_edited_token_resumes_the_copy_after_it():
     assert proposer.last_match_len == SKIP_MATCH_LEN
 
 
-def test_a_learned_rename_runs_the_copy_through_its_later_occurrences():
-    # source: 1 2 3 4 50 6 7 8 9 50 10; the answer copied 1 2 3 4, wrote 60 for 50, then copied 6 7 on.
-    source = [1, 2, 3, 4, 50, 6, 7, 8, 9, 50, 10, 11]
-    proposer = make([*source, 0, 1, 2, 3, 4, 60, 6, 7], max_ngram=8)
-    assert proposer.propose(5) == [8, 9, 60, 10, 11]
-    # the match (8 tokens with both replacements) is measured back to the start of the source
-    proposer.extend([8, 9, 60])
-    assert proposer.propose(2) == [10, 11]
-    assert proposer.last_match_len == 10
+SOURCE = [1, 2, 3, 4, 50, 6, 7, 8, 9, 50, 10, 11, 12, 13, 50, 14, 15]
 
 
-def test_writing_the_old_token_again_unlearns_a_rename():
-    source = [1, 2, 3, 4, 50, 6, 7, 8, 9, 50, 10, 11]
-    proposer = make([*source, 0, 1, 2, 3, 4, 60, 6, 7, 8, 9, 50], max_ngram=8)
+def test_a_replacement_seen_once_ends_the_draft():
+    # the answer copied 1 2 3 4, wrote 60 for 50, then copied 6 7 on: a fix or a rename, so the draft
+    # proposes 60 for the next 50 and stops there
+    proposer = make([*SOURCE, 0, 1, 2, 3, 4, 60, 6, 7], max_ngram=8)
+    assert proposer.propose(5) == [8, 9, 60]
+
+
+def test_a_replacement_seen_twice_is_a_rename_drafted_throughout():
+    proposer = make([*SOURCE, 0, 1, 2, 3, 4, 60, 6, 7, 8, 9, 60, 10, 11], max_ngram=8)
+    assert proposer.propose(5) == [12, 13, 60, 14, 15]
+    # the suffix matches with 60 read as 50, measured back to the start of the source
+    assert proposer.last_match_len == 12
+
+
+def test_writing_the_old_token_again_unlearns_a_replacement():
+    proposer = make([*SOURCE, 0, 1, 2, 3, 4, 60, 6, 7, 8, 9, 50], max_ngram=8)
     assert proposer.propose(2) == [10, 11]
-    proposer.truncate(len(source) + 8)  # back to "... 60 6 7": relearned from the history
+    proposer.truncate(len(SOURCE) + 8)  # back to "... 60 6 7": relearned from the history
     assert proposer.propose(3) == [8, 9, 60]
 
 

@@ -4,10 +4,11 @@ Code edits, quoted files and repeated boilerplate make the answer repeat text th
 seen, and there a lookup drafts long runs for free (no draft model). The index is incremental, so a
 round costs O(max_ngram) however long the session is.
 
-A renamed identifier breaks a copy at every occurrence. Once the answer has replaced a token of the text
-it copies and then carried on copying, the replacement is learned: drafts apply it, and matching treats
-the two tokens as equal, so the copy runs through the later occurrences (until the answer writes the old
-token again, which unlearns it).
+A renamed identifier breaks a copy at every occurrence. When the answer replaces a token of the text it
+copies and then carries on copying, the replacement is learned. Seen once it may be a one-off fix, so a
+draft applies it only as its last token (a wrong guess costs one short round); seen twice it is a rename:
+drafts apply it throughout and matching treats the two tokens as equal, so the copy runs through the
+later occurrences. Writing the old token again unlearns it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SKIP_MATCH_LEN = 3
 # A longest match is measured back past max_ngram up to this length: a long verbatim run is a copy in
 # progress, and the controller drafts more the longer the run.
 MAX_REPORTED_MATCH = 64
+# A replacement seen this many times is a rename, applied throughout a draft.
+RENAME_SEEN = 2
 
 
 class PromptLookupProposer:
@@ -65,8 +68,8 @@ class PromptLookupProposer:
         # position q -> the follower of the latest earlier occurrence of the SKIP_MIN_CONTEXT tokens before
         # q, kept until q + 2 shows whether the token at q replaced that follower in a copy
         self._copied_from: dict[int, int] = {}
-        # learned replacements, old token -> new token
-        self._replacements: dict[int, int] = {}
+        # learned replacements, old token -> (new token, times seen)
+        self._replacements: dict[int, tuple[int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -102,7 +105,9 @@ class PromptLookupProposer:
         source = self._copied_from.pop(edit, None)
         if source is not None and tokens[source] != tokens[edit]:
             if tokens[source + 1] == tokens[edit + 1] and tokens[source + 2] == token:
-                self._replacements[tokens[source]] = tokens[edit]
+                old, new = tokens[source], tokens[edit]
+                known, seen = self._replacements.get(old, (new, 0))
+                self._replacements[old] = (new, seen + 1 if known == new else 1)
 
     def truncate(self, n: int) -> None:
         """Drop history back to its first ``n`` tokens (a reset, or a turn regenerated or edited).
@@ -126,9 +131,10 @@ class PromptLookupProposer:
         The longest suffix that occurred earlier is continued (a match of ``max_ngram`` tokens is
         measured further back, up to ``MAX_REPORTED_MATCH``). When the longest match is shorter than
         ``SKIP_MIN_CONTEXT`` but the tokens before the last one match longer, the last token is taken
-        as an edit of the token that followed them and the copy resumes after it. Learned replacements
-        count as equal tokens in matching (a suffix is tried as written, then with its new tokens
-        turned back into the old ones) and are applied to the draft.
+        as an edit of the token that followed them and the copy resumes after it. Renames (replacements
+        seen RENAME_SEEN times) count as equal tokens in matching (a suffix is tried as written, then
+        with its new tokens turned back into the old ones) and apply to the whole draft; a replacement
+        seen once is applied too, but ends the draft.
 
         Returns:
             The draft, empty when no suffix of at least ``min_ngram`` tokens occurred earlier.
@@ -139,8 +145,9 @@ class PromptLookupProposer:
         count = min(max_tokens, self.max_draft)
         if count <= 0:
             return []
-        replace = self._replacements
-        restore = {new: old for old, new in replace.items()}
+        replace = {old: new for old, (new, _) in self._replacements.items()}
+        renames = {old: new for old, (new, seen) in self._replacements.items() if seen >= RENAME_SEEN}
+        restore = {new: old for old, new in renames.items()}
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
             suffix = tuple(tokens[size - n :])
             start = self._follower.get(suffix)
@@ -152,7 +159,7 @@ class PromptLookupProposer:
                 if n == self.max_ngram:
                     while n < MAX_REPORTED_MATCH and n < start:
                         earlier, later = tokens[start - 1 - n], tokens[size - 1 - n]
-                        if earlier != later and replace.get(earlier) != later:
+                        if earlier != later and renames.get(earlier) != later:
                             break
                         n += 1
                 break
@@ -172,5 +179,10 @@ class PromptLookupProposer:
         self.last_match_len = n
         # Copy what followed the match. A copy that runs into the present means the text repeats with
         # period size - start, so keep repeating it (as an overlapping LZ77 copy would).
-        copy = [replace.get(t, t) for t in tokens[start : start + count]]
-        return (copy * -(-count // len(copy)))[:count]
+        copy = tokens[start : start + count]
+        draft = []
+        for token in (copy * -(-count // len(copy)))[:count]:
+            draft.append(replace.get(token, token))
+            if token in replace and token not in renames:
+                break
+        return draft
