@@ -114,10 +114,14 @@ class BenchResult:
 
 
 @dataclass(frozen=True)
-class _Prepared:
+class PreparedPrompt:
+    """A prompt rendered to the target's tokens with the chat template (``BenchRunner.prepare``)."""
+
     prompt: BenchPrompt
     tokens: list[int]
     cached: int  # tokens a real session would already hold in its KV caches (earlier turns)
+    text: str = ""  # the templated text ``tokens`` come from (special tokens parsed, BOS added if ``add_bos``)
+    add_bos: bool = False
 
 
 def compare_tokens(
@@ -185,8 +189,8 @@ class BenchRunner:
         }
 
     def run(self, prompts: Sequence[BenchPrompt]) -> BenchResult:
-        prepared = [self._prepare(prompt) for prompt in prompts]
-        self._warm_up(prepared[0])
+        prepared = [self.prepare(prompt) for prompt in prompts]
+        self.warm_up(prepared[0])
         configs = self.settings.all_configs
         records = {(p.prompt.id, p.prompt.workload, c): PromptRecord(p.prompt, c) for p in prepared for c in configs}
         total, done = len(prepared) * self.settings.runs * len(configs), 0
@@ -195,14 +199,14 @@ class BenchRunner:
                 by_config: dict[Config, Measurement] = {}
                 for config in _rotated(configs, run):
                     self.progress(f"{item.prompt.workload}/{item.prompt.id}: {config.label}", done, total)
-                    by_config[config] = self._measure(item, config)
+                    by_config[config] = self.measure(item, config)
                     done += 1
                 self._relate(item.prompt, by_config, records)
         self.progress("done", total, total)
         return BenchResult(self.settings, list(prompts), list(records.values()))
 
     # -- preparation -----------------------------------------------------------------------------
-    def _prepare(self, prompt: BenchPrompt) -> _Prepared:
+    def prepare(self, prompt: BenchPrompt) -> PreparedPrompt:
         """Render the prompt with the chat template; for multi-turn, the baseline answers the earlier turns."""
         baseline = self.decoders[BASELINE]
         chat = bool(self.target.metadata.get(TEMPLATE_KEY))
@@ -218,9 +222,9 @@ class BenchRunner:
         tokens = conversation.prompt_tokens(reserve=max_tokens)
         if len(prompt.turns) > 1:
             cached = self.target.common_prefix(tokens)  # what the chat's KV cache holds after the last answer
-        return _Prepared(prompt, tokens, cached)
+        return PreparedPrompt(prompt, tokens, cached, *conversation.render_text())
 
-    def _warm_up(self, item: _Prepared) -> None:
+    def warm_up(self, item: PreparedPrompt) -> None:
         """Untimed: load the draft, let every controller measure its first costs, warm llama.cpp's buffers."""
         if self.draft is not None and any(c.method in USES_DRAFT for c in self.settings.all_configs):
             self.draft.model  # noqa: B018 - loads it now rather than inside a timed generation
@@ -235,7 +239,7 @@ class BenchRunner:
     def _models(self) -> list[LlamaModel]:
         return [self.target] + ([self.draft.model] if self.draft is not None and self.draft.loaded else [])
 
-    def _prime(self, item: _Prepared) -> None:
+    def _prime(self, item: PreparedPrompt) -> None:
         """Make every KV cache hold exactly the part of the prompt a real request would find cached."""
         for model in self._models():
             keep = min(model.common_prefix(item.tokens), item.cached)
@@ -244,7 +248,8 @@ class BenchRunner:
                 model.eval(item.tokens[keep : item.cached], n_logits=0)
 
     # -- measuring -------------------------------------------------------------------------------
-    def _measure(self, item: _Prepared, config: Config) -> Measurement:
+    def measure(self, item: PreparedPrompt, config: Config) -> Measurement:
+        """One timed generation of ``config`` on ``item``, from the KV caches a real request would find."""
         decoder = self.decoders[config]
         self._prime(item)
         steps = list(

@@ -28,6 +28,7 @@ from localspec.bench.runner import (
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
+from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import err, out
 from localspec.engine.controller import METHODS
 from localspec.errors import UsageError
@@ -79,6 +80,15 @@ def bench_command(
     write_profile: Annotated[
         Optional[str], typer.Option("--write-profile", help="Save the overall recommendation as this user profile.")
     ] = None,
+    vs_llama_cpp: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--vs-llama-cpp",
+            metavar="DIR",
+            help="Compare with stock llama.cpp tools in DIR (build them: scripts/build-llama-cpp-stock) "
+            f"[default methods: {QUICK_METHODS}].",
+        ),
+    ] = None,
     ctx: o.CtxOpt = None,
     threads: o.ThreadsOpt = None,
     force: o.ForceOpt = False,
@@ -90,12 +100,26 @@ def bench_command(
         _split(workloads) if workloads else None,
         per_workload=1 if quick else None,
     )
-    configs = _configs(_split(methods or (QUICK_METHODS if quick else DEFAULT_METHODS)), _draft_lens(draft_len))
+    default_methods = QUICK_METHODS if quick or vs_llama_cpp else DEFAULT_METHODS
+    configs = _configs(_split(methods or default_methods), _draft_lens(draft_len))
     if write_profile is not None:
         paths.check_component(write_profile, "profile name")
     generation = o.GenerationOptions(
         profile=profile, target=target, draft=draft, temp=temp, ctx=ctx, threads=threads, force=force, offline=offline
     )
+    if vs_llama_cpp is not None:
+        compare_with_llama_cpp(
+            vs_llama_cpp,
+            generation,
+            chosen,
+            configs,
+            runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),
+            max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS),
+            json_path=json_path,
+            unsupported={"--csv": csv_path, "--plot": plot_path, "--write-profile": write_profile},
+            progress=_progress,
+        )
+        return
     pair, decoder, sampling = generation.open()
     if write_profile is not None and pair.profile is None:
         raise UsageError(

@@ -1,0 +1,431 @@
+"""Stock llama.cpp as the yardstick: the same prompts through stock llama.cpp tools and through localspec.
+
+The stock tools are what ``scripts/build-llama-cpp-stock`` builds from the llama.cpp tree vendored in
+the pinned llama-cpp-python, unpatched: ``llama-completion`` (the target alone), ``llama-speculative-simple``
+(n-gram and draft-model speculation) and ``llama-lookup`` (prompt lookup).
+
+Every engine gets the same model files, threads, context size, token budget and greedy decoding, and
+the same prompt string: the chat-templated text. The stock tools tokenize it with special tokens parsed,
+as localspec does, so its chat markers become the same special tokens; this is checked per prompt
+against the token ids ``llama-completion --verbose-prompt`` prints. Every engine starts from an empty KV
+cache, as a fresh stock process does (so a multi-turn prompt is prefilled whole). Configurations run
+interleaved: for each prompt and run, every engine generates once, in an order rotated per run.
+
+How each engine's figures are read:
+
+- ``llama-completion``: decode from ``llama_perf_context_print: eval time = X ms / N runs`` (one-token
+  decodes; sampling time excluded), prefill from ``prompt eval time = X ms / N tokens``.
+- ``llama-speculative-simple`` and ``llama-lookup``: decode from ``decoded N tokens in S seconds`` (the
+  whole draft-verify loop), prefill from ``encoded N tokens in S seconds``, drafts from ``n_drafted`` and
+  ``n_accept``. Both generate one token more than ``-n`` asks, so they are given one fewer.
+- localspec: its own GenerationStats, from the in-process bench runner.
+
+Agreement is measured, never assumed: stock speculative modes verify drafts with batch kernels that are
+not batch-invariant (llama.cpp #23335), so their output can leave stock target-alone output. Each
+engine's generated text (an end-of-generation token removed) is compared with llama-completion's of the
+same round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from statistics import fmean, geometric_mean, median
+
+from localspec.bench.runner import BenchRunner, BenchSettings, Config, PreparedPrompt, ProgressCallback
+from localspec.bench.workloads import BenchPrompt
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.errors import LocalspecError, UsageError
+
+SCHEMA = "localspec-bench-stock/1"
+BUILD_HINT = "build them with scripts/build-llama-cpp-stock and pass the directory it prints"
+TOOL_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One configuration of the comparison: a stock tool with its options, or a localspec method."""
+
+    label: str
+    tool: str | None = None  # the stock binary; None for localspec
+    args: tuple[str, ...] = ()
+    uses_draft: bool = False
+    config: Config | None = None  # localspec's configuration
+
+    @property
+    def stock(self) -> bool:
+        return self.tool is not None
+
+
+# Only display options beyond the stock defaults: the prompt is not echoed and special tokens are
+# printed as text (as the speculative tools always do), so the generated text can be compared.
+STOCK_BASELINE = Engine("stock llama-completion", "llama-completion", ("-no-cnv", "--no-display-prompt", "-sp"))
+STOCK_ENGINES = (
+    STOCK_BASELINE,
+    Engine("stock ngram-simple", "llama-speculative-simple", ("--spec-type", "ngram-simple")),
+    Engine("stock ngram-mod", "llama-speculative-simple", ("--spec-type", "ngram-mod")),
+    Engine("stock draft-simple", "llama-speculative-simple", ("--spec-type", "draft-simple"), uses_draft=True),
+    Engine("stock llama-lookup", "llama-lookup"),
+)
+STOCK_TOOLS = tuple(dict.fromkeys(e.tool for e in STOCK_ENGINES))
+
+
+def localspec_engine(config: Config) -> Engine:
+    return Engine(f"localspec {config.label}", config=config)
+
+
+@dataclass
+class EngineRun:
+    """One timed generation of one engine on one prompt."""
+
+    text: str  # the generated text, without an end-of-generation token
+    decode_tokens: int
+    decode_s: float
+    prefill_tokens: int
+    prefill_s: float
+    drafted: int | None = None  # None where the engine does not draft
+    accepted: int | None = None
+
+    @property
+    def decode_tok_per_s(self) -> float | None:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else None
+
+    @property
+    def prefill_tok_per_s(self) -> float | None:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else None
+
+
+@dataclass(frozen=True)
+class TextDifference:
+    """Where an engine's text first leaves stock target-alone text (character index, the texts from there)."""
+
+    index: int
+    baseline: str
+    other: str
+
+
+@dataclass
+class Round:
+    """Every engine once on one prompt."""
+
+    prompt: BenchPrompt
+    runs: dict[str, EngineRun] = field(default_factory=dict)  # by engine label
+
+
+@dataclass
+class StockResult:
+    engines: list[Engine]
+    rounds: list[Round]
+
+
+class StockOutputError(LocalspecError):
+    """A stock tool failed or printed something this module cannot read."""
+
+
+# -- reading the stock tools' output -------------------------------------------------------------
+_PERF_PROMPT = re.compile(r"llama_perf_context_print:\s+prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_PERF_EVAL = re.compile(r"llama_perf_context_print:\s+eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+_ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DRAFTED = re.compile(r"^n_drafted\s*=\s*(\d+)", re.MULTILINE)
+_ACCEPTED = re.compile(r"^n_accept\s*=\s*(\d+)", re.MULTILINE)
+_PROMPT_TOKEN = re.compile(r"^\s*(\d+) -> '", re.MULTILINE)
+_PROMPT_SIZE = re.compile(r"number of tokens in prompt = (\d+)")
+_END_OF_TEXT = b" [end of text]\n"
+# The speculative tools print "\n\n" before the prompt, and "\n\n" twice after the answer.
+_SPEC_HEAD = b"\n\n"
+_SPEC_TAIL = b"\n\n\n\n"
+
+
+def _search(pattern: re.Pattern, log: str, tool: str) -> re.Match:
+    match = pattern.search(log)
+    if match is None:
+        raise StockOutputError(
+            f"{tool} printed no line like {pattern.pattern!r}; is it a llama.cpp build from "
+            f"scripts/build-llama-cpp-stock? ({BUILD_HINT})"
+        )
+    return match
+
+
+def parse_completion(stdout: bytes, log: str) -> EngineRun:
+    """llama-completion -no-cnv --no-display-prompt -sp: stdout is the answer, the timings are in the log."""
+    prompt = _search(_PERF_PROMPT, log, "llama-completion")
+    decode = _search(_PERF_EVAL, log, "llama-completion")
+    text = stdout.removesuffix(_END_OF_TEXT).decode("utf-8", "replace")
+    return EngineRun(
+        text,
+        decode_tokens=int(decode[2]),
+        decode_s=float(decode[1]) / 1e3,
+        prefill_tokens=int(prompt[2]),
+        prefill_s=float(prompt[1]) / 1e3,
+    )
+
+
+def parse_speculative(stdout: bytes, log: str, prompt_echo: bytes, tool: str) -> EngineRun:
+    """llama-speculative-simple or llama-lookup: stdout echoes the prompt, then the answer; timings in the log."""
+    head = _SPEC_HEAD + prompt_echo
+    if not stdout.startswith(head):
+        raise StockOutputError(
+            f"{tool} echoed another prompt than the one sent: it tokenized the prompt differently "
+            f"(or is not a build from scripts/build-llama-cpp-stock)"
+        )
+    encoded = _search(_ENCODED, log, tool)
+    decoded = _search(_DECODED, log, tool)
+    # The printed encode speed is not used: llama-lookup divides by its token list after generation.
+    return EngineRun(
+        stdout[len(head) :].removesuffix(_SPEC_TAIL).decode("utf-8", "replace"),
+        decode_tokens=int(decoded[1]),
+        decode_s=float(decoded[2]),
+        prefill_tokens=int(encoded[1]),
+        prefill_s=float(encoded[2]),
+        drafted=int(_search(_DRAFTED, log, tool)[1]),
+        accepted=int(_search(_ACCEPTED, log, tool)[1]),
+    )
+
+
+def parse_prompt_tokens(log: str) -> list[int]:
+    """The prompt's token ids from llama-completion --verbose-prompt (``   id -> 'piece'`` lines)."""
+    size = int(_search(_PROMPT_SIZE, log, "llama-completion")[1])
+    start = log.index("number of tokens in prompt")
+    return [int(m[1]) for m in _PROMPT_TOKEN.finditer(log, start)][:size]
+
+
+def first_difference(baseline: str, other: str, *, context: int = 24) -> TextDifference | None:
+    """None when the texts are equal, else the first differing character and up to ``context`` chars from it."""
+    if baseline == other:
+        return None
+    i = len(os.path.commonprefix([baseline, other]))
+    return TextDifference(i, baseline[i : i + context], other[i : i + context])
+
+
+def find_tools(bin_dir: Path) -> dict[str, Path]:
+    """The stock binaries in ``bin_dir``; a missing directory or tool is a UsageError naming the fix."""
+    if not bin_dir.is_dir():
+        raise UsageError(f"--vs-llama-cpp {bin_dir}: no such directory; {BUILD_HINT}")
+    tools = {name: bin_dir / name for name in STOCK_TOOLS}
+    missing = [name for name, path in tools.items() if not (path.is_file() and os.access(path, os.X_OK))]
+    if missing:
+        raise UsageError(f"--vs-llama-cpp {bin_dir}: no executable {', '.join(missing)} there; {BUILD_HINT}")
+    return tools
+
+
+# -- running -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StockSettings:
+    configs: Sequence[Config]  # localspec's configurations
+    runs: int
+    max_tokens: int
+
+
+class StockComparison:
+    """Runs stock tools (subprocesses) and localspec (in process) on the same prompts, interleaved."""
+
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        tools: dict[str, Path],
+        *,
+        target: Path,
+        draft: Path | None,
+        settings: StockSettings,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.target: LlamaModel = decoder.target
+        self.tools = tools
+        self.target_path = target
+        self.draft_path = draft
+        self.settings = settings
+        self.progress = progress or (lambda what, done, total: None)
+        self.runner = BenchRunner(
+            decoder, BenchSettings(settings.configs, runs=settings.runs, max_tokens=settings.max_tokens)
+        )
+        stock = [e for e in STOCK_ENGINES if draft is not None or not e.uses_draft]
+        self.engines = stock + [localspec_engine(c) for c in self.runner.settings.all_configs]
+
+    def run(self, prompts: Sequence[BenchPrompt]) -> StockResult:
+        prepared = []
+        for prompt in prompts:
+            self.progress(f"{prompt.workload}/{prompt.id}: preparing", 0, 0)
+            # A fresh stock process has an empty KV cache, so localspec starts from one too.
+            prepared.append(replace(self.runner.prepare(prompt), cached=0))
+        self.progress("warm-up: localspec", 0, 0)
+        self.runner.warm_up(prepared[0])
+        rounds: list[Round] = []
+        total, done = len(prepared) * self.settings.runs * len(self.engines), 0
+        for item in prepared:
+            self._check_prompt_tokens(item)
+            for run in range(self.settings.runs):
+                current = Round(item.prompt)
+                shift = run % len(self.engines)
+                for engine in self.engines[shift:] + self.engines[:shift]:
+                    self.progress(f"{item.prompt.workload}/{item.prompt.id}: {engine.label}", done, total)
+                    current.runs[engine.label] = self._measure(item, engine)
+                    done += 1
+                rounds.append(current)
+        self.progress("done", total, total)
+        return StockResult(self.engines, rounds)
+
+    def _measure(self, item: PreparedPrompt, engine: Engine) -> EngineRun:
+        if not engine.stock:
+            measurement = self.runner.measure(item, engine.config)
+            stats = measurement.stats
+            drafts = engine.config.method != "none"
+            return EngineRun(
+                self.target.detokenize(measurement.tokens),
+                decode_tokens=stats.generated_tokens,
+                decode_s=stats.decode_s,
+                prefill_tokens=stats.prefill_tokens,
+                prefill_s=stats.prefill_s,
+                drafted=stats.drafted if drafts else None,
+                accepted=stats.accepted if drafts else None,
+            )
+        stdout, log = self._call(engine, item)
+        if engine == STOCK_BASELINE:
+            run = parse_completion(stdout, log)
+        else:
+            echo = b"".join(self.target.token_bytes(t) for t in item.tokens)
+            run = parse_speculative(stdout, log, echo, engine.tool)
+        run.text = self._without_end_of_generation(run.text)
+        return run
+
+    def _check_prompt_tokens(self, item: PreparedPrompt) -> None:
+        """Stock llama-completion must see exactly localspec's tokens, or the comparison is not like for like."""
+        self.progress(f"{item.prompt.workload}/{item.prompt.id}: checking stock tokenization", 0, 0)
+        _, log = self._call(STOCK_BASELINE, item, extra=("--verbose-prompt",), max_tokens=1)
+        stock = parse_prompt_tokens(log)
+        if stock != item.tokens:
+            at = len(os.path.commonprefix([stock, item.tokens]))
+            raise StockOutputError(
+                f"stock llama-completion tokenizes prompt {item.prompt.workload}/{item.prompt.id} into other "
+                f"tokens than localspec ({len(stock)} vs {len(item.tokens)}, first difference at token {at}); "
+                "the engines would not see the same prompt. Is DIR built from the same llama.cpp as localspec?"
+            )
+
+    def _call(
+        self, engine: Engine, item: PreparedPrompt, *, extra: tuple[str, ...] = (), max_tokens: int | None = None
+    ) -> tuple[bytes, str]:
+        n = max_tokens or self.settings.max_tokens
+        if engine.tool != STOCK_BASELINE.tool:
+            n -= 1  # the speculative tools stop after n + 1 tokens
+        threads = str(self.target.n_threads)
+        command = [
+            str(self.tools[engine.tool]),
+            *("-m", str(self.target_path), "-p", item.text, "--no-escape"),
+            *("-n", str(n), "-c", str(self.target.n_ctx), "-t", threads, "-tb", threads, "--temp", "0"),
+            *engine.args,
+            *extra,
+        ]
+        if engine.uses_draft:
+            command += ["-md", str(self.draft_path)]
+        # Stock defaults: no LLAMA_ARG_* overrides, no ggml switches localspec sets for its own build.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "GGML_"))}
+        where = f"{engine.tool} on {item.prompt.workload}/{item.prompt.id}"
+        try:
+            done = subprocess.run(command, capture_output=True, env=env, timeout=TOOL_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise StockOutputError(f"{where} did not finish in {TOOL_TIMEOUT_S:.0f} s; try fewer --max-tokens") from exc
+        except OSError as exc:
+            raise StockOutputError(f"cannot run {command[0]}: {exc.strerror}; {BUILD_HINT}") from exc
+        log = done.stderr.decode("utf-8", "replace")
+        if done.returncode != 0:
+            lines = [line for line in log.splitlines() if line.strip()]
+            last = lines[-1].strip() if lines else "no message"
+            raise StockOutputError(
+                f"{where} failed (exit {done.returncode}): {last}; run it by hand to see its whole log"
+            )
+        return done.stdout, log
+
+    def _without_end_of_generation(self, text: str) -> str:
+        """Drop a final end-of-generation token (llama-completion and llama-lookup print it, localspec does not)."""
+        tokens = self.target.tokenize(text, add_bos=False, special=True)
+        if tokens and self.target.is_end_of_generation(tokens[-1]):
+            piece = self.target.detokenize(tokens[-1:])
+            if text.endswith(piece):
+                return text[: -len(piece)]
+        return text
+
+
+# -- report --------------------------------------------------------------------------------------
+def build_rows(result: StockResult) -> list[dict]:
+    """One row per workload and engine, and per engine over all workloads when there are several.
+
+    Per prompt: the median over runs (tok/s) or of the per-round ratios to stock llama-completion; then
+    the mean (tok/s) or geometric mean (ratios) over prompts. Drafts are pooled over prompts and runs.
+    """
+    workloads = list(dict.fromkeys(r.prompt.workload for r in result.rounds))
+    groups = [(w, [r for r in result.rounds if r.prompt.workload == w]) for w in workloads]
+    if len(workloads) > 1:
+        groups.append(("all", result.rounds))
+    return [_row(name, rounds, engine) for name, rounds in groups for engine in result.engines]
+
+
+def _row(workload: str, rounds: list[Round], engine: Engine) -> dict:
+    by_prompt: dict[tuple[str, str], list[Round]] = {}
+    for r in rounds:
+        by_prompt.setdefault((r.prompt.workload, r.prompt.id), []).append(r)
+    label, base = engine.label, STOCK_BASELINE.label
+
+    def per_prompt(figure: Callable[[Round], float | None]) -> list[float]:
+        medians = []
+        for prompt_rounds in by_prompt.values():
+            values = [v for v in map(figure, prompt_rounds) if v is not None]
+            if values:
+                medians.append(median(values))
+        return medians
+
+    def ratio(r: Round, rate: str) -> float | None:
+        mine, theirs = getattr(r.runs[label], rate), getattr(r.runs[base], rate)
+        return mine / theirs if mine and theirs else None
+
+    runs = [r.runs[label] for r in rounds]
+    drafted = sum(run.drafted or 0 for run in runs)
+    accepted = sum(run.accepted or 0 for run in runs)
+    differences = []
+    for (workload_name, prompt_id), prompt_rounds in by_prompt.items():
+        for r in prompt_rounds:
+            difference = first_difference(r.runs[base].text, r.runs[label].text)
+            if difference is not None:
+                differences.append({"prompt": f"{workload_name}/{prompt_id}", **difference.__dict__})
+                break
+    return {
+        "workload": workload,
+        "engine": label,
+        "stock": engine.stock,
+        "prompts": len(by_prompt),
+        "runs": len(rounds) // max(1, len(by_prompt)),
+        "decode_tok_per_s": _round(_mean(per_prompt(lambda r: r.runs[label].decode_tok_per_s))),
+        "prefill_tok_per_s": _round(_mean(per_prompt(lambda r: r.runs[label].prefill_tok_per_s))),
+        "decode_ratio": _round(_geomean(per_prompt(lambda r: ratio(r, "decode_tok_per_s"))), 3),
+        "prefill_ratio": _round(_geomean(per_prompt(lambda r: ratio(r, "prefill_tok_per_s"))), 3),
+        "drafted": drafted if any(run.drafted is not None for run in runs) else None,
+        "accepted": accepted if any(run.accepted is not None for run in runs) else None,
+        "acceptance_rate": _round(accepted / drafted, 4) if drafted else None,
+        "decoded_tokens": _round(_mean(per_prompt(lambda r: r.runs[label].decode_tokens)), 1),
+        "identical": not differences,
+        "differences": differences,
+    }
+
+
+def write_json(path: Path, rows: list[dict], meta: dict) -> None:
+    try:
+        path.write_text(json.dumps({"schema": SCHEMA, **meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc}") from exc
+
+
+def _mean(values: list[float]) -> float | None:
+    return fmean(values) if values else None
+
+
+def _geomean(values: list[float]) -> float | None:
+    return geometric_mean(values) if values else None
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)

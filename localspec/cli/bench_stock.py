@@ -1,0 +1,123 @@
+"""``localspec bench --vs-llama-cpp DIR``: localspec side by side with stock llama.cpp tools, one table.
+
+Measuring lives in ``localspec.bench.stock``; this module checks options, shows progress on stderr,
+prints the table on stdout and writes the JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from pathlib import Path
+
+from rich.table import Table
+
+from localspec.bench import stock
+from localspec.bench.runner import Config, ProgressCallback
+from localspec.bench.workloads import BenchPrompt
+from localspec.cli import options as o
+from localspec.cli.console import err, out
+from localspec.errors import UsageError
+
+
+def compare_with_llama_cpp(
+    bin_dir: Path,
+    generation: o.GenerationOptions,
+    prompts: Sequence[BenchPrompt],
+    configs: Sequence[Config],
+    *,
+    runs: int,
+    max_tokens: int,
+    json_path: Path | None,
+    unsupported: dict[str, object],
+    progress: Callable[[], AbstractContextManager[ProgressCallback]],
+) -> None:
+    """Check the tools and options first (before any model loads), then measure, print and write."""
+    given = [name for name, value in unsupported.items() if value]
+    if given:
+        raise UsageError(f"--vs-llama-cpp has its own table and --json; drop {', '.join(given)}")
+    if generation.temp:
+        raise UsageError("--vs-llama-cpp compares greedy outputs; drop --temp or use --temp 0")
+    tools = stock.find_tools(bin_dir)
+    pair, decoder, _ = replace(generation, temp=0.0).open()
+    needs_draft = sorted({c.method for c in configs} & {"draft", "hybrid"})
+    if needs_draft and decoder.draft is None:
+        raise UsageError(f"--methods {','.join(needs_draft)} needs a draft model: pass --draft PATH or use --profile")
+    settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens)
+    with progress() as update:
+        comparison = stock.StockComparison(
+            decoder, tools, target=pair.target, draft=pair.draft, settings=settings, progress=update
+        )
+        result = comparison.run(prompts)
+    rows = stock.build_rows(result)
+    target = decoder.target
+    title = (
+        f"{pair.label} vs stock llama.cpp ({bin_dir}): {runs} run(s), {max_tokens} tokens, greedy, "
+        f"{target.n_threads} threads, ctx {target.n_ctx}"
+    )
+    out.print(_table(title, rows))
+    if json_path:
+        meta = {
+            "model": pair.label,
+            "target": str(pair.target),
+            "draft": None if pair.draft is None else str(pair.draft),
+            "llama_cpp_bin": str(bin_dir),
+            "settings": {
+                "runs": runs,
+                "max_tokens": max_tokens,
+                "threads": target.n_threads,
+                "n_ctx": target.n_ctx,
+                "engines": [e.label for e in result.engines],
+            },
+        }
+        stock.write_json(json_path, rows, meta)
+        err.print(f"wrote {json_path}")
+
+
+def _table(title: str, rows: list[dict]) -> Table:
+    table = Table(title=title)
+    for name in ("workload", "engine", "decode tok/s", "prefill tok/s", "decode", "prefill", "accepted", "output"):
+        table.add_column(name, justify="left" if name in ("workload", "engine", "output") else "right")
+    previous = None
+    for row in rows:
+        if previous is not None and row["workload"] != previous:
+            table.add_section()
+        previous = row["workload"]
+        table.add_row(
+            row["workload"],
+            row["engine"],
+            _number(row["decode_tok_per_s"]),
+            _number(row["prefill_tok_per_s"]),
+            _x(row["decode_ratio"]),
+            _x(row["prefill_ratio"]),
+            _accepted(row),
+            _output(row),
+        )
+    return table
+
+
+def _accepted(row: dict) -> str:
+    if row["drafted"] is None:
+        return "-"
+    if not row["drafted"]:
+        return "none drafted"
+    return f"{row['accepted']}/{row['drafted']} ({row['acceptance_rate']:.0%})"
+
+
+def _output(row: dict) -> str:
+    if row["engine"] == stock.STOCK_BASELINE.label:
+        return "(reference)"
+    if row["identical"]:
+        return "identical"
+    d = row["differences"][0]
+    more = f" (+{len(row['differences']) - 1} prompts)" if len(row["differences"]) > 1 else ""
+    return f"differs in {d['prompt']} at char {d['index']}: {d['baseline']!r} vs {d['other']!r}{more}"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"

@@ -1,0 +1,197 @@
+"""``localspec bench --vs-llama-cpp``: reading stock llama.cpp's output, the table's figures, and the whole
+comparison against the real stock tools on tiny models.
+
+The parsing tests read output captured from the real tools (tests/data/stock/, see its README). The
+end-to-end tests need the tools that scripts/build-llama-cpp-stock builds (about 5 minutes, once); they
+skip, saying so, when that build is not in the cache, so the suite never builds llama.cpp itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localspec.bench import stock
+from localspec.bench.stock import EngineRun, Round, StockOutputError, StockResult
+from localspec.bench.workloads import BenchPrompt
+from localspec.cli.app import app
+from localspec.errors import UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data" / "stock"
+
+
+def captured(name: str) -> tuple[bytes, str]:
+    """(stdout, stderr) of one real run of a stock tool."""
+    return (DATA / f"{name}.stdout").read_bytes(), (DATA / f"{name}.stderr").read_text(encoding="utf-8")
+
+
+def run_bench(*args) -> object:
+    return CliRunner().invoke(app, ["bench", *map(str, args)])
+
+
+@pytest.fixture(scope="session")
+def stock_bin() -> Path:
+    """The cached stock build, or a skip naming how to get it (the suite never builds it)."""
+    done = subprocess.run([REPO / "scripts" / "build-llama-cpp-stock", "--cached"], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip("no cached stock llama.cpp build; run scripts/build-llama-cpp-stock once (about 5 minutes)")
+    return Path(done.stdout.strip())
+
+
+# -- parsing what the real tools print -----------------------------------------------------------
+def test_llama_completion_timings_and_answer_are_read_from_its_real_output():
+    stdout, stderr = captured("llama-completion")
+    run = stock.parse_completion(stdout, stderr)
+    meta = json.loads((DATA / "expected.json").read_text())["llama-completion"]
+    assert run.text == meta["text"]
+    assert (run.prefill_tokens, run.decode_tokens) == (meta["prompt_tokens"], meta["eval_runs"])
+    assert run.prefill_s == pytest.approx(meta["prompt_eval_ms"] / 1e3)
+    assert run.decode_s == pytest.approx(meta["eval_ms"] / 1e3)
+    assert run.drafted is None and run.accepted is None
+
+
+@pytest.mark.parametrize("name", ["llama-speculative-simple-ngram-simple", "llama-speculative-simple-draft-simple", "llama-lookup"])
+def test_speculative_tools_timings_drafts_and_answer_are_read_from_their_real_output(name):
+    stdout, stderr = captured(name)
+    meta = json.loads((DATA / "expected.json").read_text())
+    echo = meta["prompt_echo"].encode("utf-8")
+    run = stock.parse_speculative(stdout, stderr, echo, name)
+    expected = meta[name]
+    assert run.text == expected["text"]
+    assert (run.prefill_tokens, run.prefill_s) == (expected["encoded"], pytest.approx(expected["encoded_s"]))
+    assert (run.decode_tokens, run.decode_s) == (expected["decoded"], pytest.approx(expected["decoded_s"]))
+    assert (run.drafted, run.accepted) == (expected["n_drafted"], expected["n_accept"])
+
+
+def test_the_prompt_token_ids_come_from_verbose_prompt():
+    _, stderr = captured("llama-completion-verbose-prompt")
+    meta = json.loads((DATA / "expected.json").read_text())
+    assert stock.parse_prompt_tokens(stderr) == meta["prompt_tokens"]
+
+
+def test_a_speculative_tool_that_echoes_another_prompt_is_refused():
+    stdout, stderr = captured("llama-lookup")
+    with pytest.raises(StockOutputError, match="echoed another prompt"):
+        stock.parse_speculative(stdout, stderr, b"a different prompt", "llama-lookup")
+
+
+def test_output_without_timings_is_one_line_naming_the_build_script():
+    stdout, stderr = captured("llama-completion")
+    with pytest.raises(StockOutputError) as caught:
+        stock.parse_completion(stdout, stderr.replace("eval time", "evaluation"))
+    message = str(caught.value)
+    assert "scripts/build-llama-cpp-stock" in message and "\n" not in message
+
+
+# -- the figures -----------------------------------------------------------------------------------
+def test_first_difference_is_the_first_differing_character():
+    assert stock.first_difference("def f(x):", "def f(x):") is None
+    d = stock.first_difference("return a + b", "return a - b", context=3)
+    assert (d.index, d.baseline, d.other) == (9, "+ b", "- b")
+    assert stock.first_difference("abc", "abcdef").index == 3  # one stopped early
+
+
+def _run(rate: float, text: str = "same", drafted: int | None = None, accepted: int | None = None) -> EngineRun:
+    return EngineRun(text, decode_tokens=100, decode_s=100 / rate, prefill_tokens=50, prefill_s=0.5, drafted=drafted,
+                     accepted=accepted)
+
+
+def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreement():
+    base, spec, mine = stock.STOCK_BASELINE, stock.STOCK_ENGINES[1], stock.Engine("localspec none")
+    edit, chat = BenchPrompt("code-edit", "a", ("p",)), BenchPrompt("chat", "b", ("q",))
+    rounds = [
+        # Two runs on one prompt: the machine slowed down in the second, the ratio did not move.
+        Round(edit, {base.label: _run(20.0), spec.label: _run(30.0, drafted=10, accepted=5), mine.label: _run(19.0)}),
+        Round(edit, {base.label: _run(10.0), spec.label: _run(15.0, drafted=10, accepted=7), mine.label: _run(9.5)}),
+        Round(chat, {base.label: _run(20.0, "x = 1"), spec.label: _run(20.0, "x = 2", 4, 0), mine.label: _run(20.0, "x = 1")}),
+    ]
+    rows = stock.build_rows(StockResult([base, spec, mine], rounds))
+    assert [(r["workload"], r["engine"]) for r in rows] == [
+        (w, e) for w in ("code-edit", "chat", "all") for e in (base.label, spec.label, mine.label)
+    ]
+    by = {(r["workload"], r["engine"]): r for r in rows}
+    assert by["code-edit", base.label]["decode_tok_per_s"] == 15.0  # median of 20 and 10
+    assert by["code-edit", spec.label]["decode_ratio"] == 1.5
+    assert by["code-edit", mine.label]["decode_ratio"] == 0.95
+    assert by["code-edit", spec.label]["prefill_ratio"] == 1.0
+    assert (by["code-edit", spec.label]["accepted"], by["code-edit", spec.label]["drafted"]) == (12, 20)
+    assert by["code-edit", mine.label]["drafted"] is None
+    assert by["chat", spec.label]["identical"] is False
+    assert by["chat", spec.label]["differences"] == [{"prompt": "chat/b", "index": 4, "baseline": "1", "other": "2"}]
+    assert by["chat", mine.label]["identical"] is True
+    # Over all slices: the geometric mean of the per-prompt ratios, drafts pooled.
+    assert by["all", spec.label]["decode_ratio"] == pytest.approx((1.5 * 1.0) ** 0.5, abs=1e-3)
+    assert by["all", spec.label]["acceptance_rate"] == pytest.approx(12 / 24, abs=1e-4)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+def test_a_missing_directory_or_tool_is_a_usage_error_naming_the_build_script(tmp_path):
+    with pytest.raises(UsageError, match="no such directory; build them with scripts/build-llama-cpp-stock"):
+        stock.find_tools(tmp_path / "nowhere")
+    (tmp_path / "llama-completion").write_text("#!/bin/sh\n")
+    (tmp_path / "llama-completion").chmod(0o755)
+    with pytest.raises(UsageError, match="no executable llama-speculative-simple, llama-lookup there"):
+        stock.find_tools(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ([], "no such directory; build them with scripts/build-llama-cpp-stock"),
+        (["--csv", "x.csv"], "--vs-llama-cpp has its own table and --json; drop --csv"),
+        (["--temp", "0.7"], "compares greedy outputs; drop --temp"),
+    ],
+)
+def test_bad_comparison_options_are_one_line_errors(tiny_target, tmp_path, extra, expected):
+    result = run_bench("--target", tiny_target, "--vs-llama-cpp", tmp_path / "nowhere", *extra)
+    assert result.exit_code == 2, result.output
+    assert expected in result.output and "Traceback" not in result.output
+
+
+def test_a_failing_tool_is_one_line_with_its_last_message(tiny_target, tmp_path):
+    # Stand-ins that fail as a broken build would, to check the error path (the real tools are tested below).
+    for name in stock.STOCK_TOOLS:
+        path = tmp_path / name
+        path.write_text("#!/bin/sh\necho 'loading model' >&2\necho 'error: unknown argument: --no-escape' >&2\nexit 1\n")
+        path.chmod(0o755)
+    result = run_bench("--target", tiny_target, "--workloads", "chat", "--quick", "--vs-llama-cpp", tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "llama-completion on chat/" in result.output
+    assert "failed (exit 1): error: unknown argument: --no-escape" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- the real stock tools on tiny models -------------------------------------------------------------
+def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target, tiny_draft, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world"}) + "\n"
+        + json.dumps({"workload": "session", "id": "two", "turns": ["def return x = x + x", "the world again"]}) + "\n"
+    )
+    out = tmp_path / "stock.json"
+    result = run_bench(
+        "--target", tiny_target, "--draft", tiny_draft, "--prompts", prompts, "--methods", "none,lookup,draft",
+        "--runs", 2, "--max-tokens", 16, "--ctx", 512, "--threads", 2, "--vs-llama-cpp", stock_bin, "--json", out,
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["schema"] == stock.SCHEMA and document["settings"]["n_ctx"] == 512
+    engines = [e.label for e in stock.STOCK_ENGINES] + ["localspec none", "localspec lookup k=auto", "localspec draft k=auto"]
+    assert document["settings"]["engines"] == engines
+    rows = document["rows"]
+    assert [(r["workload"], r["engine"]) for r in rows] == [(w, e) for w in ("echo", "session", "all") for e in engines]
+    for row in rows:
+        assert row["runs"] == 2 and row["decode_tok_per_s"] > 0 and row["prefill_tok_per_s"] > 0
+        assert isinstance(row["identical"], bool)
+        # Every engine generated the same budget (the speculative tools are asked for one fewer).
+        assert row["decoded_tokens"] in (15, 16), row
+    baseline = [r for r in rows if r["engine"] == stock.STOCK_BASELINE.label]
+    assert all(r["decode_ratio"] == 1.0 and r["prefill_ratio"] == 1.0 for r in baseline)
+    drafting = [r for r in rows if r["engine"] in ("stock draft-simple", "localspec draft k=auto")]
+    assert all(r["drafted"] > 0 for r in drafting)
+    assert "stock draft-simple" in result.output and "localspec draft k=auto" in result.output
