@@ -44,24 +44,34 @@ def stock_bin() -> Path:
 
 
 # -- parsing what the real tools print -----------------------------------------------------------
-def test_llama_completion_timings_and_answer_are_read_from_its_real_output():
-    stdout, stderr = captured("llama-completion")
-    run = stock.parse_completion(stdout, stderr)
-    meta = json.loads((DATA / "expected.json").read_text())["llama-completion"]
-    assert run.text == meta["text"]
-    assert (run.prefill_tokens, run.decode_tokens) == (meta["prompt_tokens"], meta["eval_runs"])
-    assert run.prefill_s == pytest.approx(meta["prompt_eval_ms"] / 1e3)
-    assert run.decode_s == pytest.approx(meta["eval_ms"] / 1e3)
+EXPECTED = json.loads((DATA / "expected.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", ["llama-completion", "llama-completion-eos"])
+def test_llama_completion_timings_and_answer_are_read_from_its_real_output(name):
+    run = stock.parse_completion(*captured(name))
+    expected = EXPECTED[name]
+    assert (run.text, run.stopped) == (expected["text"], expected["stopped"])
+    assert (run.prefill_tokens, run.decode_tokens) == (expected["prompt_tokens"], expected["eval_runs"])
+    assert run.prefill_s == pytest.approx(expected["prompt_eval_ms"] / 1e3)
+    assert run.decode_s == pytest.approx(expected["eval_ms"] / 1e3)
     assert run.drafted is None and run.accepted is None
 
 
-@pytest.mark.parametrize("name", ["llama-speculative-simple-ngram-simple", "llama-speculative-simple-draft-simple", "llama-lookup"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llama-speculative-simple-ngram-simple",
+        "llama-speculative-simple-draft-simple",
+        "llama-lookup",
+        "llama-speculative-simple-ngram-mod-eos",
+        "llama-lookup-eos",
+    ],
+)
 def test_speculative_tools_timings_drafts_and_answer_are_read_from_their_real_output(name):
-    stdout, stderr = captured(name)
-    meta = json.loads((DATA / "expected.json").read_text())
-    echo = meta["prompt_echo"].encode("utf-8")
-    run = stock.parse_speculative(stdout, stderr, echo, name)
-    expected = meta[name]
+    expected = EXPECTED[name]
+    echo = EXPECTED[expected["prompt"]]["echo"].encode("utf-8")
+    run = stock.parse_speculative(*captured(name), echo, name)
     assert run.text == expected["text"]
     assert (run.prefill_tokens, run.prefill_s) == (expected["encoded"], pytest.approx(expected["encoded_s"]))
     assert (run.decode_tokens, run.decode_s) == (expected["decoded"], pytest.approx(expected["decoded_s"]))
@@ -70,8 +80,7 @@ def test_speculative_tools_timings_drafts_and_answer_are_read_from_their_real_ou
 
 def test_the_prompt_token_ids_come_from_verbose_prompt():
     _, stderr = captured("llama-completion-verbose-prompt")
-    meta = json.loads((DATA / "expected.json").read_text())
-    assert stock.parse_prompt_tokens(stderr) == meta["prompt_tokens"]
+    assert stock.parse_prompt_tokens(stderr) == EXPECTED["prompt"]["tokens"]
 
 
 def test_a_speculative_tool_that_echoes_another_prompt_is_refused():
@@ -80,12 +89,18 @@ def test_a_speculative_tool_that_echoes_another_prompt_is_refused():
         stock.parse_speculative(stdout, stderr, b"a different prompt", "llama-lookup")
 
 
-def test_output_without_timings_is_one_line_naming_the_build_script():
+def test_output_cut_before_its_last_lines_is_recognised_as_truncated():
+    # llama.cpp logs from a background thread and can exit before it has written everything.
     stdout, stderr = captured("llama-completion")
-    with pytest.raises(StockOutputError) as caught:
-        stock.parse_completion(stdout, stderr.replace("eval time", "evaluation"))
-    message = str(caught.value)
-    assert "scripts/build-llama-cpp-stock" in message and "\n" not in message
+    with pytest.raises(stock.TruncatedOutputError):
+        stock.parse_completion(stdout, stderr[: stderr.index("prompt eval time")])
+    stdout, stderr = captured("llama-lookup")
+    echo = EXPECTED["prompt"]["echo"].encode("utf-8")
+    with pytest.raises(stock.TruncatedOutputError):
+        stock.parse_speculative(stdout[:-2], stderr, echo, "llama-lookup")
+    _, stderr = captured("llama-completion-verbose-prompt")
+    with pytest.raises(stock.TruncatedOutputError, match="listed 7 of the 76 prompt tokens"):
+        stock.parse_prompt_tokens(stderr[: stderr.index("    11 -> ','")])
 
 
 # -- the figures -----------------------------------------------------------------------------------
@@ -94,6 +109,16 @@ def test_first_difference_is_the_first_differing_character():
     d = stock.first_difference("return a + b", "return a - b", context=3)
     assert (d.index, d.baseline, d.other) == (9, "+ b", "- b")
     assert stock.first_difference("abc", "abcdef").index == 3  # one stopped early
+
+
+def test_a_longer_answer_agrees_if_the_shorter_one_only_ran_out_of_budget():
+    budget = EngineRun("def f(x):\n    return", 24, 1.0, 10, 0.1)
+    longer = EngineRun("def f(x):\n    return x", 26, 1.0, 10, 0.1)  # llama-lookup accepts past -n
+    assert stock.compare_runs(budget, longer) is None and stock.compare_runs(longer, budget) is None
+    ended = EngineRun("def f(x):\n    return", 20, 1.0, 10, 0.1, stopped=True)
+    assert stock.compare_runs(ended, longer).index == len(ended.text)  # one stopped where the other did not
+    other = EngineRun("def g(x):\n    return x", 26, 1.0, 10, 0.1)
+    assert stock.compare_runs(budget, other).index == 4
 
 
 def _run(rate: float, text: str = "same", drafted: int | None = None, accepted: int | None = None) -> EngineRun:
@@ -153,16 +178,34 @@ def test_bad_comparison_options_are_one_line_errors(tiny_target, tmp_path, extra
     assert expected in result.output and "Traceback" not in result.output
 
 
-def test_a_failing_tool_is_one_line_with_its_last_message(tiny_target, tmp_path):
-    # Stand-ins that fail as a broken build would, to check the error path (the real tools are tested below).
+def fake_tools(directory: Path, script: str) -> Path:
+    """Stand-ins for the stock tools that misbehave as a broken build would (the real ones are tested below)."""
     for name in stock.STOCK_TOOLS:
-        path = tmp_path / name
-        path.write_text("#!/bin/sh\necho 'loading model' >&2\necho 'error: unknown argument: --no-escape' >&2\nexit 1\n")
+        path = directory / name
+        path.write_text("#!/bin/sh\n" + script)
         path.chmod(0o755)
-    result = run_bench("--target", tiny_target, "--workloads", "chat", "--quick", "--vs-llama-cpp", tmp_path)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (
+            "echo 'loading model' >&2\necho 'error: unknown argument: --no-escape' >&2\nexit 1\n",
+            "failed (exit 1): error: unknown argument: --no-escape; run it by hand",
+        ),
+        (
+            "echo 'loading model' >&2\n",
+            "printed no line like 'number of tokens in prompt = (\\\\d+)' in 3 runs: either it is not a build from "
+            "scripts/build-llama-cpp-stock, or it lost the end of its log",
+        ),
+    ],
+)
+def test_a_failing_tool_is_one_line_naming_the_tool_and_the_cause(tiny_target, tmp_path, script, expected):
+    tools = fake_tools(tmp_path, script)
+    result = run_bench("--target", tiny_target, "--workloads", "chat", "--quick", "--vs-llama-cpp", tools)
     assert result.exit_code == 1, result.output
-    assert "llama-completion on chat/" in result.output
-    assert "failed (exit 1): error: unknown argument: --no-escape" in result.output
+    assert "llama-completion" in result.output and expected in result.output
     assert "Traceback" not in result.output
 
 
@@ -174,9 +217,10 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
         + json.dumps({"workload": "session", "id": "two", "turns": ["def return x = x + x", "the world again"]}) + "\n"
     )
     out = tmp_path / "stock.json"
+    # One thread: with two, a tiny model's run is so short that llama.cpp's log thread often loses its end.
     result = run_bench(
         "--target", tiny_target, "--draft", tiny_draft, "--prompts", prompts, "--methods", "none,lookup,draft",
-        "--runs", 2, "--max-tokens", 16, "--ctx", 512, "--threads", 2, "--vs-llama-cpp", stock_bin, "--json", out,
+        "--runs", 2, "--max-tokens", 16, "--ctx", 512, "--threads", 1, "--vs-llama-cpp", stock_bin, "--json", out,
     )
     assert result.exit_code == 0, result.output
     document = json.loads(out.read_text())
@@ -188,10 +232,11 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     for row in rows:
         assert row["runs"] == 2 and row["decode_tok_per_s"] > 0 and row["prefill_tok_per_s"] > 0
         assert isinstance(row["identical"], bool)
-        # Every engine generated the same budget (the speculative tools are asked for one fewer).
-        assert row["decoded_tokens"] in (15, 16), row
+        # The budget (llama-completion counts one token fewer: its first comes from the prompt pass;
+        # llama-lookup and draft-simple may accept a draft past it).
+        assert row["decoded_tokens"] >= 15, row
     baseline = [r for r in rows if r["engine"] == stock.STOCK_BASELINE.label]
     assert all(r["decode_ratio"] == 1.0 and r["prefill_ratio"] == 1.0 for r in baseline)
     drafting = [r for r in rows if r["engine"] in ("stock draft-simple", "localspec draft k=auto")]
     assert all(r["drafted"] > 0 for r in drafting)
-    assert "stock draft-simple" in result.output and "localspec draft k=auto" in result.output
+    assert "vs stock llama.cpp" in result.output and "(reference)" in result.output

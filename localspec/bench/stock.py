@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean, geometric_mean, median
+from typing import TypeVar
 
 from localspec.bench.runner import BenchRunner, BenchSettings, Config, PreparedPrompt, ProgressCallback
 from localspec.bench.workloads import BenchPrompt
@@ -46,6 +47,8 @@ from localspec.errors import LocalspecError, UsageError
 SCHEMA = "localspec-bench-stock/1"
 BUILD_HINT = "build them with scripts/build-llama-cpp-stock and pass the directory it prints"
 TOOL_TIMEOUT_S = 1800.0
+TRUNCATED_ATTEMPTS = 3
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class EngineRun:
     prefill_s: float
     drafted: int | None = None  # None where the engine does not draft
     accepted: int | None = None
+    stopped: bool = False  # ended with an end-of-generation token, not at the token budget
 
     @property
     def decode_tok_per_s(self) -> float | None:
@@ -128,17 +132,28 @@ class StockOutputError(LocalspecError):
     """A stock tool failed or printed something this module cannot read."""
 
 
+class TruncatedOutputError(StockOutputError):
+    """The output stops before lines the tool always prints last.
+
+    llama.cpp's tools log (stdout included) through a background thread and do not wait for it at exit
+    (llama.cpp #22142), so the last lines can be lost, more often on a busy machine: run it again.
+    """
+
+
 # -- reading the stock tools' output -------------------------------------------------------------
-_PERF_PROMPT = re.compile(r"llama_perf_context_print:\s+prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
-_PERF_EVAL = re.compile(r"llama_perf_context_print:\s+eval time =\s*([\d.]+) ms /\s*(\d+) runs")
-_ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-_DRAFTED = re.compile(r"^n_drafted\s*=\s*(\d+)", re.MULTILINE)
-_ACCEPTED = re.compile(r"^n_accept\s*=\s*(\d+)", re.MULTILINE)
-_PROMPT_TOKEN = re.compile(r"^\s*(\d+) -> '", re.MULTILINE)
+# Log lines start with a timestamp and level, e.g. "0.20.161.383 I common_perf_print: prompt eval time = ...".
+_PERF_PROMPT = re.compile(r"\bprompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_PERF_EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
+_ENCODED = re.compile(r"\bencoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DECODED = re.compile(r"\bdecoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DRAFTED = re.compile(r"\bn_drafted\s*=\s*(\d+)")
+_ACCEPTED = re.compile(r"\bn_accept\s*=\s*(\d+)")
 _PROMPT_SIZE = re.compile(r"number of tokens in prompt = (\d+)")
+_PROMPT_TOKEN = re.compile(r"^(?:\S+ I)?\s*(\d+) -> '", re.MULTILINE)
+# llama-completion ends its answer with " [end of text]\n" after an end-of-generation token, then "\n\n";
+# the speculative tools print "\n\n" before the prompt echo and "\n\n" twice after the answer.
 _END_OF_TEXT = b" [end of text]\n"
-# The speculative tools print "\n\n" before the prompt, and "\n\n" twice after the answer.
+_COMPLETION_TAIL = b"\n\n"
 _SPEC_HEAD = b"\n\n"
 _SPEC_TAIL = b"\n\n\n\n"
 
@@ -146,10 +161,7 @@ _SPEC_TAIL = b"\n\n\n\n"
 def _search(pattern: re.Pattern, log: str, tool: str) -> re.Match:
     match = pattern.search(log)
     if match is None:
-        raise StockOutputError(
-            f"{tool} printed no line like {pattern.pattern!r}; is it a llama.cpp build from "
-            f"scripts/build-llama-cpp-stock? ({BUILD_HINT})"
-        )
+        raise TruncatedOutputError(f"{tool} printed no line like {pattern.pattern!r}")
     return match
 
 
@@ -157,43 +169,51 @@ def parse_completion(stdout: bytes, log: str) -> EngineRun:
     """llama-completion -no-cnv --no-display-prompt -sp: stdout is the answer, the timings are in the log."""
     prompt = _search(_PERF_PROMPT, log, "llama-completion")
     decode = _search(_PERF_EVAL, log, "llama-completion")
-    text = stdout.removesuffix(_END_OF_TEXT).decode("utf-8", "replace")
+    answer = stdout.removesuffix(_COMPLETION_TAIL)  # logged before the timings, so present with them
+    stopped = answer.endswith(_END_OF_TEXT)
     return EngineRun(
-        text,
+        answer.removesuffix(_END_OF_TEXT).decode("utf-8", "replace"),
         decode_tokens=int(decode[2]),
         decode_s=float(decode[1]) / 1e3,
         prefill_tokens=int(prompt[2]),
         prefill_s=float(prompt[1]) / 1e3,
+        stopped=stopped,
     )
 
 
 def parse_speculative(stdout: bytes, log: str, prompt_echo: bytes, tool: str) -> EngineRun:
     """llama-speculative-simple or llama-lookup: stdout echoes the prompt, then the answer; timings in the log."""
+    encoded = _search(_ENCODED, log, tool)
+    decoded = _search(_DECODED, log, tool)
+    drafted = _search(_DRAFTED, log, tool)
+    accepted = _search(_ACCEPTED, log, tool)
+    if not stdout.endswith(_SPEC_TAIL):
+        raise TruncatedOutputError(f"{tool}'s output lacks its final blank lines")
     head = _SPEC_HEAD + prompt_echo
     if not stdout.startswith(head):
         raise StockOutputError(
             f"{tool} echoed another prompt than the one sent: it tokenized the prompt differently "
             f"(or is not a build from scripts/build-llama-cpp-stock)"
         )
-    encoded = _search(_ENCODED, log, tool)
-    decoded = _search(_DECODED, log, tool)
     # The printed encode speed is not used: llama-lookup divides by its token list after generation.
     return EngineRun(
-        stdout[len(head) :].removesuffix(_SPEC_TAIL).decode("utf-8", "replace"),
+        stdout[len(head) : -len(_SPEC_TAIL)].decode("utf-8", "replace"),
         decode_tokens=int(decoded[1]),
         decode_s=float(decoded[2]),
         prefill_tokens=int(encoded[1]),
         prefill_s=float(encoded[2]),
-        drafted=int(_search(_DRAFTED, log, tool)[1]),
-        accepted=int(_search(_ACCEPTED, log, tool)[1]),
+        drafted=int(drafted[1]),
+        accepted=int(accepted[1]),
     )
 
 
 def parse_prompt_tokens(log: str) -> list[int]:
     """The prompt's token ids from llama-completion --verbose-prompt (``   id -> 'piece'`` lines)."""
-    size = int(_search(_PROMPT_SIZE, log, "llama-completion")[1])
-    start = log.index("number of tokens in prompt")
-    return [int(m[1]) for m in _PROMPT_TOKEN.finditer(log, start)][:size]
+    size = _search(_PROMPT_SIZE, log, "llama-completion")
+    tokens = [int(m[1]) for m in _PROMPT_TOKEN.finditer(log, size.end())][: int(size[1])]
+    if len(tokens) < int(size[1]):
+        raise TruncatedOutputError(f"llama-completion listed {len(tokens)} of the {size[1]} prompt tokens")
+    return tokens
 
 
 def first_difference(baseline: str, other: str, *, context: int = 24) -> TextDifference | None:
@@ -202,6 +222,22 @@ def first_difference(baseline: str, other: str, *, context: int = 24) -> TextDif
         return None
     i = len(os.path.commonprefix([baseline, other]))
     return TextDifference(i, baseline[i : i + context], other[i : i + context])
+
+
+def compare_runs(baseline: EngineRun, other: EngineRun) -> TextDifference | None:
+    """Where ``other``'s answer leaves ``baseline``'s; None if they agree on every token both generated.
+
+    Answers can differ in length without disagreeing: llama-lookup accepts a whole draft past ``-n``. A
+    shorter answer that is a prefix of the other counts as agreement only if it ended at the budget, not
+    at an end-of-generation token the other engine did not produce.
+    """
+    difference = first_difference(baseline.text, other.text)
+    if difference is None:
+        return None
+    shorter = min(baseline, other, key=lambda run: len(run.text))
+    if difference.index == len(shorter.text) and not shorter.stopped:
+        return None
+    return difference
 
 
 def find_tools(bin_dir: Path) -> dict[str, Path]:
@@ -284,21 +320,26 @@ class StockComparison:
                 prefill_s=stats.prefill_s,
                 drafted=stats.drafted if drafts else None,
                 accepted=stats.accepted if drafts else None,
+                stopped=stats.stop_reason == "eos",
             )
-        stdout, log = self._call(engine, item)
         if engine == STOCK_BASELINE:
-            run = parse_completion(stdout, log)
+            run = self._run_tool(engine, item, parse_completion)
         else:
             echo = b"".join(self.target.token_bytes(t) for t in item.tokens)
-            run = parse_speculative(stdout, log, echo, engine.tool)
-        run.text = self._without_end_of_generation(run.text)
+            run = self._run_tool(engine, item, lambda out, log: parse_speculative(out, log, echo, engine.tool))
+            # llama-speculative-simple does not print the end-of-generation token; only its count shows it.
+            run.stopped = run.decode_tokens < self.settings.max_tokens
+        text = self._without_end_of_generation(run.text)
+        run.stopped |= text != run.text
+        run.text = text
         return run
 
     def _check_prompt_tokens(self, item: PreparedPrompt) -> None:
         """Stock llama-completion must see exactly localspec's tokens, or the comparison is not like for like."""
         self.progress(f"{item.prompt.workload}/{item.prompt.id}: checking stock tokenization", 0, 0)
-        _, log = self._call(STOCK_BASELINE, item, extra=("--verbose-prompt",), max_tokens=1)
-        stock = parse_prompt_tokens(log)
+        stock = self._run_tool(
+            STOCK_BASELINE, item, lambda out, log: parse_prompt_tokens(log), extra=("--verbose-prompt",), max_tokens=1
+        )
         if stock != item.tokens:
             at = len(os.path.commonprefix([stock, item.tokens]))
             raise StockOutputError(
@@ -306,6 +347,19 @@ class StockComparison:
                 f"tokens than localspec ({len(stock)} vs {len(item.tokens)}, first difference at token {at}); "
                 "the engines would not see the same prompt. Is DIR built from the same llama.cpp as localspec?"
             )
+
+    def _run_tool(self, engine: Engine, item: PreparedPrompt, parse: Callable[[bytes, str], T], **call) -> T:
+        """Run a stock tool and parse its output; again, a few times, when the output lost its last lines."""
+        for _ in range(TRUNCATED_ATTEMPTS):
+            try:
+                return parse(*self._call(engine, item, **call))
+            except TruncatedOutputError as exc:
+                error = exc
+        raise StockOutputError(
+            f"{error} in {TRUNCATED_ATTEMPTS} runs: either it is not a build from scripts/build-llama-cpp-stock, "
+            "or it lost the end of its log at exit (llama.cpp logs from a background thread; likelier when "
+            "the machine is busy)"
+        )
 
     def _call(
         self, engine: Engine, item: PreparedPrompt, *, extra: tuple[str, ...] = (), max_tokens: int | None = None
@@ -389,7 +443,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine) -> dict:
     differences = []
     for (workload_name, prompt_id), prompt_rounds in by_prompt.items():
         for r in prompt_rounds:
-            difference = first_difference(r.runs[base].text, r.runs[label].text)
+            difference = compare_runs(r.runs[base], r.runs[label])
             if difference is not None:
                 differences.append({"prompt": f"{workload_name}/{prompt_id}", **difference.__dict__})
                 break

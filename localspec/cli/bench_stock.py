@@ -54,7 +54,7 @@ def compare_with_llama_cpp(
     target = decoder.target
     title = (
         f"{pair.label} vs stock llama.cpp ({bin_dir}): {runs} run(s), {max_tokens} tokens, greedy, "
-        f"{target.n_threads} threads, ctx {target.n_ctx}"
+        f"threads {target.n_threads}, ctx {target.n_ctx}"
     )
     out.print(_table(title, rows))
     if json_path:
