@@ -210,6 +210,7 @@ def test_a_failing_tool_is_one_line_naming_the_tool_and_the_cause(tiny_target, t
 
 
 # -- the real stock tools on tiny models -------------------------------------------------------------
+@pytest.mark.stock
 def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target, tiny_draft, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
