@@ -211,14 +211,18 @@ def test_a_failing_tool_is_one_line_naming_the_tool_and_the_cause(tiny_target, t
 
 # -- the real stock tools on tiny models -------------------------------------------------------------
 @pytest.mark.stock
-def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target, tiny_draft, tmp_path):
+@pytest.mark.slow
+def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target, tiny_draft, tmp_path, monkeypatch):
+    # A tiny model's run lasts milliseconds, often too short for llama.cpp's log thread to write anything
+    # on a busy machine (one thread for llama.cpp helps: the log thread then competes with fewer spinning
+    # threads); real models run long enough that a retry is rarely needed.
+    monkeypatch.setattr(stock, "TRUNCATED_ATTEMPTS", 30)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         json.dumps({"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world"}) + "\n"
         + json.dumps({"workload": "session", "id": "two", "turns": ["def return x = x + x", "the world again"]}) + "\n"
     )
     out = tmp_path / "stock.json"
-    # One thread: with two, a tiny model's run is so short that llama.cpp's log thread often loses its end.
     result = run_bench(
         "--target", tiny_target, "--draft", tiny_draft, "--prompts", prompts, "--methods", "none,lookup,draft",
         "--runs", 2, "--max-tokens", 16, "--ctx", 512, "--threads", 1, "--vs-llama-cpp", stock_bin, "--json", out,

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -345,7 +346,8 @@ class StockComparison:
             raise StockOutputError(
                 f"stock llama-completion tokenizes prompt {item.prompt.workload}/{item.prompt.id} into other "
                 f"tokens than localspec ({len(stock)} vs {len(item.tokens)}, first difference at token {at}); "
-                "the engines would not see the same prompt. Is DIR built from the same llama.cpp as localspec?"
+                f"the engines would not see the same prompt. Are the tools in {self.tools[STOCK_BASELINE.tool].parent} "
+                "built by scripts/build-llama-cpp-stock?"
             )
 
     def _run_tool(self, engine: Engine, item: PreparedPrompt, parse: Callable[[bytes, str], T], **call) -> T:
@@ -366,26 +368,31 @@ class StockComparison:
     ) -> tuple[bytes, str]:
         n = max_tokens or self.settings.max_tokens
         if engine.tool != STOCK_BASELINE.tool:
-            n -= 1  # the speculative tools stop after n + 1 tokens
+            n -= 1  # llama-speculative-simple and llama-lookup generate at least n + 1 tokens
         threads = str(self.target.n_threads)
-        command = [
-            str(self.tools[engine.tool]),
-            *("-m", str(self.target_path), "-p", item.text, "--no-escape"),
-            *("-n", str(n), "-c", str(self.target.n_ctx), "-t", threads, "-tb", threads, "--temp", "0"),
-            *engine.args,
-            *extra,
-        ]
-        if engine.uses_draft:
-            command += ["-md", str(self.draft_path)]
+        where = f"{engine.tool} on {item.prompt.workload}/{item.prompt.id}"
         # Stock defaults: no LLAMA_ARG_* overrides, no ggml switches localspec sets for its own build.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "GGML_"))}
-        where = f"{engine.tool} on {item.prompt.workload}/{item.prompt.id}"
-        try:
-            done = subprocess.run(command, capture_output=True, env=env, timeout=TOOL_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise StockOutputError(f"{where} did not finish in {TOOL_TIMEOUT_S:.0f} s; try fewer --max-tokens") from exc
-        except OSError as exc:
-            raise StockOutputError(f"cannot run {command[0]}: {exc.strerror}; {BUILD_HINT}") from exc
+        with tempfile.TemporaryDirectory(prefix="localspec-stock-") as tmp:
+            # -f drops one final newline, so add one; --no-escape keeps backslashes in code as they are.
+            prompt_file = Path(tmp) / "prompt.txt"
+            prompt_file.write_text(item.text + "\n", encoding="utf-8")
+            command = [
+                str(self.tools[engine.tool]),
+                *("-m", str(self.target_path), "-f", str(prompt_file), "--no-escape"),
+                *("-n", str(n), "-c", str(self.target.n_ctx), "-t", threads, "-tb", threads, "--temp", "0"),
+                *engine.args,
+                *extra,
+            ]
+            if engine.uses_draft:
+                command += ["-md", str(self.draft_path)]
+            try:
+                done = subprocess.run(command, capture_output=True, env=env, timeout=TOOL_TIMEOUT_S, check=False)
+            except subprocess.TimeoutExpired as exc:
+                limit = f"{TOOL_TIMEOUT_S:.0f} s"
+                raise StockOutputError(f"{where} did not finish in {limit}; try fewer --max-tokens") from exc
+            except OSError as exc:
+                raise StockOutputError(f"cannot run {command[0]}: {exc.strerror}; {BUILD_HINT}") from exc
         log = done.stderr.decode("utf-8", "replace")
         if done.returncode != 0:
             lines = [line for line in log.splitlines() if line.strip()]
