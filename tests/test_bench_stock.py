@@ -122,8 +122,7 @@ def test_a_longer_answer_agrees_if_the_shorter_one_only_ran_out_of_budget():
 
 
 def _run(rate: float, text: str = "same", drafted: int | None = None, accepted: int | None = None) -> EngineRun:
-    return EngineRun(text, decode_tokens=100, decode_s=100 / rate, prefill_tokens=50, prefill_s=0.5, drafted=drafted,
-                     accepted=accepted)
+    return EngineRun(text, 100, 100 / rate, prefill_tokens=50, prefill_s=0.5, drafted=drafted, accepted=accepted)
 
 
 def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreement():
@@ -131,9 +130,9 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     edit, chat = BenchPrompt("code-edit", "a", ("p",)), BenchPrompt("chat", "b", ("q",))
     rounds = [
         # Two runs on one prompt: the machine slowed down in the second, the ratio did not move.
-        Round(edit, {base.label: _run(20.0), spec.label: _run(30.0, drafted=10, accepted=5), mine.label: _run(19.0)}),
-        Round(edit, {base.label: _run(10.0), spec.label: _run(15.0, drafted=10, accepted=7), mine.label: _run(9.5)}),
-        Round(chat, {base.label: _run(20.0, "x = 1"), spec.label: _run(20.0, "x = 2", 4, 0), mine.label: _run(20.0, "x = 1")}),
+        Round(edit, {base.label: _run(20.0), spec.label: _run(30.0, "same", 10, 5), mine.label: _run(19.0)}),
+        Round(edit, {base.label: _run(10.0), spec.label: _run(15.0, "same", 10, 7), mine.label: _run(9.5)}),
+        Round(chat, {base.label: _run(20.0, "x=1"), spec.label: _run(20.0, "x=2", 4, 0), mine.label: _run(20.0, "x=1")}),
     ]
     rows = stock.build_rows(StockResult([base, spec, mine], rounds))
     assert [(r["workload"], r["engine"]) for r in rows] == [
@@ -147,7 +146,8 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     assert (by["code-edit", spec.label]["accepted"], by["code-edit", spec.label]["drafted"]) == (12, 20)
     assert by["code-edit", mine.label]["drafted"] is None
     assert by["chat", spec.label]["identical"] is False
-    assert by["chat", spec.label]["differences"] == [{"prompt": "chat/b", "index": 4, "baseline": "1", "other": "2"}]
+    difference = {"prompt": "chat/b", "index": 2, "baseline": "1", "other": "2"}
+    assert by["chat", spec.label]["differences"] == [difference]
     assert by["chat", mine.label]["identical"] is True
     # Over all slices: the geometric mean of the per-prompt ratios, drafts pooled.
     assert by["all", spec.label]["decode_ratio"] == pytest.approx((1.5 * 1.0) ** 0.5, abs=1e-3)
@@ -218,10 +218,11 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     # threads); real models run long enough that a retry is rarely needed.
     monkeypatch.setattr(stock, "TRUNCATED_ATTEMPTS", 30)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        json.dumps({"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world"}) + "\n"
-        + json.dumps({"workload": "session", "id": "two", "turns": ["def return x = x + x", "the world again"]}) + "\n"
-    )
+    lines = [
+        {"workload": "echo", "id": "words", "prompt": "hello world the code print x = hello world"},
+        {"workload": "session", "id": "two", "turns": ["def return x = x + x", "the world again"]},
+    ]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "stock.json"
     result = run_bench(
         "--target", tiny_target, "--draft", tiny_draft, "--prompts", prompts, "--methods", "none,lookup,draft",
@@ -230,7 +231,8 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     assert result.exit_code == 0, result.output
     document = json.loads(out.read_text())
     assert document["schema"] == stock.SCHEMA and document["settings"]["n_ctx"] == 512
-    engines = [e.label for e in stock.STOCK_ENGINES] + ["localspec none", "localspec lookup k=auto", "localspec draft k=auto"]
+    mine = ["localspec none", "localspec lookup k=auto", "localspec draft k=auto"]
+    engines = [e.label for e in stock.STOCK_ENGINES] + mine
     assert document["settings"]["engines"] == engines
     rows = document["rows"]
     assert [(r["workload"], r["engine"]) for r in rows] == [(w, e) for w in ("echo", "session", "all") for e in engines]
