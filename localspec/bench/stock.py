@@ -24,7 +24,19 @@ Agreement is measured, never assumed: stock speculative modes verify drafts with
 not batch-invariant (llama.cpp #23335), so their output can leave stock target-alone output. Each
 engine's generated text (an end-of-generation token removed) is compared with llama-completion's of the
 same round.
-"""
+
+JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target``, ``draft``,
+``llama_cpp_bin``, ``settings`` (runs, max_tokens, threads, n_ctx, engines) and ``rows``, one per
+workload (and ``all``) and engine::
+
+    {"workload": str, "engine": str, "stock": bool, "prompts": int, "runs": int,
+     "decode_tok_per_s": float, "prefill_tok_per_s": float,   # per prompt the median over runs, then the mean
+     "decode_ratio": float, "prefill_ratio": float,   # to stock llama-completion in the same round: per prompt
+                                                      # the median, then the geometric mean over prompts
+     "drafted": int | null, "accepted": int | null, "acceptance_rate": float | null,  # pooled; null: no drafts
+     "decoded_tokens": float,                         # tokens the decode rate counts, per answer
+     "identical": bool,                               # every answer agrees with stock llama-completion's
+     "differences": [{"prompt": str, "index": int, "baseline": str, "other": str}, ...]}  # first per prompt
 
 from __future__ import annotations
 
