@@ -13,7 +13,7 @@ interleaved: for each prompt and run, every engine generates once, in an order r
 
 How each engine's figures are read:
 
-- ``llama-completion``: decode from ``llama_perf_context_print: eval time = X ms / N runs`` (one-token
+- ``llama-completion``: decode from ``common_perf_print: eval time = X ms / N runs`` (one-token
   decodes; sampling time excluded), prefill from ``prompt eval time = X ms / N tokens``.
 - ``llama-speculative-simple`` and ``llama-lookup``: decode from ``decoded N tokens in S seconds`` (the
   whole draft-verify loop), prefill from ``encoded N tokens in S seconds``, drafts from ``n_drafted`` and
