@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec import compat, store
-from localspec.engine.backend import DEFAULT_N_CTX, LlamaModel
+from localspec.engine.backend import DEFAULT_N_CTX, EXACT, LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.proposers import DraftModelProposer
 from localspec.errors import IncompatibleError, UsageError
@@ -24,6 +24,7 @@ class ModelOptions:
     threads: int | None = None
     gpu_layers: int = -1
     draft_gpu_layers: int = -1
+    exact: bool | None = None  # bit-exact verification: None where it costs nothing, True forces it
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,11 @@ def open_decoder(
     pair: Pair, options: ModelOptions, *, method: str = "auto", draft_len: int | None = None
 ) -> SpeculativeDecoder:
     """Load the target now and the draft on first use (``auto`` may never need it)."""
-    target = LlamaModel(pair.target, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.gpu_layers)
+    target = LlamaModel(
+        pair.target, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.gpu_layers, exact=options.exact
+    )
+    # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
+    draft_exact = target.kernels == EXACT
     draft = None
     ratio = 0.5
     if pair.draft is not None:
@@ -84,7 +89,11 @@ def open_decoder(
 
         def load_draft() -> LlamaModel:
             return LlamaModel(
-                draft_path, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.draft_gpu_layers
+                draft_path,
+                n_ctx=options.n_ctx,
+                n_threads=options.threads,
+                n_gpu_layers=options.draft_gpu_layers,
+                exact=draft_exact,
             )
 
         draft = DraftModelProposer(load_draft)

@@ -176,7 +176,7 @@ class LiveView:
         text.append(f" · {stats.decode_tok_per_s:5.1f} avg")
         text.append(f" · accepted {stats.acceptance_rate:4.0%} · {stats.mean_accepted_length:.2f} tok/pass")
         text.append(f" · k {k} ({method})" if k else " · k 0 (target alone)")
-        text.append(f" · {stats.generated_tokens} tok")
+        text.append(f" · {stats.generated_tokens} tok · {stats.kernels} kernels")
         positions = stats.per_position_acceptance[:MAX_CHART_POSITIONS]
         if positions:
             text.append(f"\n  by position 1▕{sparkline(positions)}▏{len(positions)}  ")

@@ -106,6 +106,7 @@ def summary_line(stats: GenerationStats) -> str:
         parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
     parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
     parts.append(f"stop: {stats.stop_reason}")
+    parts.append(f"{stats.kernels} kernels")
     return " | ".join(parts)
 
 

@@ -97,7 +97,7 @@ class SpeculativeDecoder:
                 f"prompt is {len(prompt)} tokens but the context window is {target.n_ctx}; "
                 "use a larger --ctx or a shorter prompt"
             )
-        stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt), kernels=self.target.kernels)
         rng = np.random.default_rng(sampling.seed)
         start = perf_counter()
         keep = min(target.common_prefix(prompt), len(prompt) - 1)

@@ -27,6 +27,7 @@ class GenerationStats:
     overhead_s: float = 0.0
     first_token_s: float | None = None  # time to first token, from the start of the generation
     stop_reason: str | None = None
+    kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/backend.py
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
 
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
@@ -102,5 +103,6 @@ class GenerationStats:
             "decode_tok_per_s": round(self.decode_tok_per_s, 2),
             "prefill_tok_per_s": round(self.prefill_tok_per_s, 2),
             "stop_reason": self.stop_reason,
+            "kernels": self.kernels,
             "controller": self.controller,
         }
