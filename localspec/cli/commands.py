@@ -23,3 +23,6 @@ def register(app: typer.Typer) -> None:
     from localspec.cli import bench
 
     app.command("bench")(bench.bench_command)
+    from localspec.cli import serve
+
+    app.command("serve")(serve.serve_command)
