@@ -65,7 +65,11 @@ def serve_command(
         auth = "requests need the API key (Authorization: Bearer)" if api_key else "no API key"
         err.print(f"model id {pair.label!r}, method {decoder.controller.method}, {auth}; Ctrl-C stops", highlight=False)
 
-    LocalServer(app, host=host, port=port, on_ready=ready).run()
+    try:
+        LocalServer(app, host=host, port=port, on_ready=ready).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on; that is the normal way to stop
+        pass
+    err.print("localspec serve: stopped", highlight=False)
 
 
 def _is_loopback(host: str) -> bool:

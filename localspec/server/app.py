@@ -8,6 +8,7 @@ whether it is still queued or already generating.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import logging
@@ -288,7 +289,11 @@ class LocalServer(uvicorn.Server):
 
     def __init__(self, app: Starlette, *, host: str, port: int, on_ready: Callable[[str], None] | None = None,
                  log_level: str = "info") -> None:
-        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+        # uvicorn writes its access log to stdout; here stdout carries only the base URL (results), so
+        # every log line goes to stderr with the other status output.
+        log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+        log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
                                         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         self.on_ready = on_ready
         self.base_url: str | None = None
