@@ -371,13 +371,21 @@ def test_real_pair_stream_whole_and_run_agree(qwen_pair):
     question = "Write a Python function that returns the square of a number."
     worker = open_worker(target, draft, n_ctx=1024, threads=None)
     with serving(worker) as server:
-        whole = ask(server, question, max_tokens=24)
+        whole = ask(server, question, max_tokens=24)  # a fresh server's answer
         streamed, chunks = ask_streaming(server, question, max_tokens=24)
         followup = [*messages(question), {"role": "assistant", "content": streamed},
                     {"role": "user", "content": "Now rename it."}]
         second = client(server).chat.completions.create(model="x", messages=followup, max_tokens=8, temperature=0)
+        body = {"messages": followup, "stream": True, "temperature": 0, "max_tokens": 200}
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=TIMEOUT_S) as response:
+            lines = response.iter_lines()
+            for _ in range(6):  # the opening chunk and two pieces, each line followed by a blank one
+                next(lines)
+        wait_until_idle(server)
+        assert worker.decoder.stats.stop_reason is None and worker.decoder.stats.generated_tokens < 200
+        again = ask(server, question, max_tokens=24)
     expected = run_text(question, "--system", SYSTEM, "-n", "24", "--target", str(target), "--draft", str(draft),
                         "--ctx", "1024", "--threads", str(worker.decoder.target.n_threads))
-    assert whole.choices[0].message.content == streamed == expected
+    assert whole.choices[0].message.content == streamed == expected == again.choices[0].message.content
     assert TIMINGS <= chunks[-1].model_extra["timings"].keys()
     assert second.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens

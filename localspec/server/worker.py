@@ -120,7 +120,7 @@ class GenerationWorker:
             self._jobs.put_nowait(job)
         except queue.Full:
             raise APIError(
-                429, f"the server is busy: {self._jobs.maxsize} requests are already waiting; retry shortly",
+                429, f"the server is busy: its queue of {self._jobs.maxsize} waiting requests is full; retry shortly",
                 type="rate_limit_error", code="queue_full",
             ) from None
 
