@@ -206,6 +206,13 @@ def test_disconnect_stops_the_generation_and_leaves_the_caches_consistent(tiny_t
         stats = worker.decoder.stats
         # Closed early (no stop reason), long before the context filled up.
         assert stats.stop_reason is None and stats.generated_tokens < n_ctx // 2
+        # A client that gives up waiting for a whole (non-streamed) answer stops it too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.base_url + "/chat/completions", json={**body, "stream": False}, timeout=0.5)
+        wait_until_idle(server)
+        assert worker.decoder.stats is not stats  # this request did start generating
+        stats = worker.decoder.stats
+        assert stats.stop_reason is None and stats.generated_tokens < n_ctx // 2
         after = ask(server).choices[0].message.content
         after_other = ask(server, "hello world").choices[0].message.content
     with serving(open_worker(tiny_target, tiny_draft, n_ctx=n_ctx)) as fresh:
