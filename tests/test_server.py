@@ -172,6 +172,8 @@ def test_health_and_models(tiny_server):
     assert [m.id for m in client(tiny_server).models.list()] == ["tiny"]
     missing = httpx.get(root + "/v1/nothing")
     assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "code"}
+    wrong_method = httpx.get(tiny_server.base_url + "/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_two_concurrent_clients_are_both_answered_correctly(tiny_server):

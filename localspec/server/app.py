@@ -116,7 +116,8 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     # Starlette's own 404 / 405, in OpenAI's shape.
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return JSONResponse(APIError(exc.status_code, message, code="not_found").body(), status_code=exc.status_code)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(APIError(exc.status_code, message, code=code).body(), status_code=exc.status_code)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
