@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from localspec import paths
-from localspec.engine.controller import METHODS
-from localspec.errors import ProfileError, UnsafePathError
+from localspec.engine.controller import check_method
+from localspec.errors import ProfileError, UnsafePathError, UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -219,8 +219,11 @@ class _Reader:
         return Defaults(**values)
 
     def check_ranges(self, v: dict) -> None:
+        try:
+            check_method(v["method"])
+        except UsageError as exc:
+            raise ProfileError(f"{self.path}: key 'defaults.method': {exc}") from exc
         rules = [
-            ("method", v["method"] in METHODS, f"must be one of {', '.join(METHODS)}"),
             ("draft_len", v["draft_len"] is None or v["draft_len"] >= 1, "must be at least 1"),
             ("n_ctx", v["n_ctx"] >= 16, "must be at least 16"),
             ("gpu_layers", v["gpu_layers"] >= -1, "must be -1 (all) or a layer count"),

@@ -90,6 +90,4 @@ def open_decoder(
         draft = DraftModelProposer(load_draft)
         # A decode step streams the weights once, so the file-size ratio is a fair first guess of the cost ratio.
         ratio = draft_path.stat().st_size / pair.target.stat().st_size
-    if method in ("draft", "hybrid") and draft is None:
-        raise UsageError(f"--method {method} needs a draft model: pass --draft PATH or use --profile")
     return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -38,6 +40,34 @@ def test_help_lists_the_commands():
 def test_each_command_has_help(command):
     result = run(*command, "--help")
     assert result.exit_code == 0 and "Usage" in result.output
+
+
+SHARED_OPTIONS = ["--profile", "--target", "--draft", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "--ctx",
+                  "--threads", "--gpu-layers", "--draft-gpu-layers", "--force", "--offline"]
+
+
+@pytest.mark.parametrize(
+    "command,own",
+    [
+        ("run", ["--method", "--draft-len", "--max-tokens", "--raw", "--stop", "--json"]),
+        ("chat", ["--method", "--draft-len", "--max-tokens", "--system", "--no-tui"]),
+        ("bench", ["--methods", "--draft-len", "--workloads", "--quick", "--write-profile"]),
+    ],
+)
+def test_generating_commands_list_every_shared_option_in_help(command, own):
+    result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for option in SHARED_OPTIONS + own:
+        assert f" {option}" in result.output, option
+
+
+def test_shared_options_reach_the_command_by_name(tiny_target):
+    # --top-p and --min-p are neighbours in the option list: each must land in its own field.
+    result = run("run", "hi", "--target", str(tiny_target), "--temp", "0.5", "--top-p", "0.9", "--min-p", "0.1",
+                 "--seed", "7", "--top-k", "5", "--max-tokens", "2", "--json")
+    assert result.exit_code == 0, result.output
+    sampling = json.loads(result.stdout)["sampling"]
+    assert sampling == {"temperature": 0.5, "top_k": 5, "top_p": 0.9, "min_p": 0.1, "seed": 7}
 
 
 def test_profiles_lists_the_shipped_ones():
