@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from localspec.errors import UsageError
 
 METHODS = ("none", "draft", "lookup", "hybrid", "auto")
+DEFAULT_METHOD = "auto"
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
 DEFAULT_LOOKUP_MAX = 64
 DEFAULT_DRAFT_MAX = 16
@@ -98,7 +99,7 @@ class Controller:
 
     def __init__(
         self,
-        method: str = "auto",
+        method: str = DEFAULT_METHOD,
         *,
         draft_len: int | None = None,
         has_draft_model: bool = False,
