@@ -12,7 +12,6 @@ import hashlib
 import http.client
 import json
 import os
-import re
 import shutil
 import urllib.error
 import urllib.parse
@@ -24,6 +23,9 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import BinaryIO
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from localspec import __version__
 from localspec.errors import ChecksumError, StoreError
@@ -139,16 +141,23 @@ def open_url(url: str, headers: dict[str, str] | None = None):
 
 
 def _find_wheel(index: str, package: str, version: str) -> Wheel:
-    page = f"{index}/{_normalize(package)}/"
+    page = f"{index}/{canonicalize_name(package)}/"
     try:
         files = _project_files(page)
     except NotFoundError as exc:
         raise StoreError(f"package {package} is not on {index} (HTTP 404)") from exc
     for file in files:
-        name, _, rest = file["filename"].partition("-")
-        if file["filename"].endswith(".whl") and _normalize(name) == _normalize(package) and rest.split("-")[0] == version:
+        if _is_wheel_of(file["filename"], package, version):
             return Wheel(package, file["filename"], urllib.parse.urljoin(page, file["url"]), file["size"], file["sha256"])
     raise StoreError(f"package {package} has no wheel for version {version} on {index}")
+
+
+def _is_wheel_of(filename: str, package: str, version: str) -> bool:
+    try:
+        name, wheel_version, _, _ = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        return False  # sdists and stray files share the project page
+    return name == canonicalize_name(package) and str(wheel_version) == str(Version(version))
 
 
 def _project_files(page: str) -> list[dict]:
@@ -192,7 +201,3 @@ class _Hashing:
         self.hasher.update(chunk)
         self.on_bytes(len(chunk))
         return chunk
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
