@@ -13,6 +13,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from localspec.engine.stats import judged
 from localspec.errors import UsageError
 
 METHODS = ("none", "draft", "lookup", "hybrid", "auto")
@@ -61,7 +62,7 @@ class _Acceptance:
 
     def record(self, drafted: int, accepted: int) -> None:
         self.accepted += accepted
-        self.judged += min(drafted, accepted + 1)  # tokens after the first rejection were never judged
+        self.judged += judged(drafted, accepted)
 
     def forget(self) -> None:
         self.accepted *= FORGET
