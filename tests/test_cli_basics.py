@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -75,6 +77,18 @@ def test_profiles_lists_the_shipped_ones():
     assert result.exit_code == 0
     assert DEFAULT_PROFILE in result.output and "llama-3.1-8b" in result.output
     assert "1.12 GB" in result.output  # the default target's size
+
+
+def test_profiles_piped_is_not_cut_to_80_columns():
+    """`localspec profiles | cat`: off a terminal the table takes the width it needs, headers whole."""
+    piped = subprocess.run(
+        [sys.executable, "-c", "from localspec.cli.app import main; main()", "profiles"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, timeout=60,
+    )
+    lines = piped.stdout.splitlines()
+    assert lines[0].split() == ["name", "target", "draft", "method", "downloaded", "description"]
+    assert "…" not in piped.stdout
+    assert any("Qwen2.5-Coder 32B Instruct + 0.5B draft, Q4_K_M (GPU recommended, ~20 GB)" in line for line in lines)
 
 
 def test_profiles_show_prints_models_hashes_and_defaults():

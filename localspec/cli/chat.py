@@ -21,12 +21,11 @@ import typer
 from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
-from localspec.cli.run import summary_line
 from localspec.conversation import Conversation
 from localspec.engine.controller import check_method
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import LocalspecError, UsageError
-from localspec.tui import LiveView, stats_table
+from localspec.tui import LiveView, stats_table, summary_line
 
 DEFAULT_MAX_TOKENS = 1024
 # After a line is read on a terminal, input arriving within this time is the rest of a paste.

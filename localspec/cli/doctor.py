@@ -13,8 +13,7 @@ from pathlib import Path
 import typer
 
 from localspec import __version__, paths, store
-from localspec.cli.console import err, out
-from localspec.cli.profiles import format_size
+from localspec.cli.console import err, format_size, out
 
 # CPU features that decide which llama.cpp kernels can run.
 CPU_FLAGS = (

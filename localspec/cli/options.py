@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from localspec.cli.pull import rich_progress
+from localspec.cli.console import rich_progress
 from localspec.engine.controller import check_method
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams

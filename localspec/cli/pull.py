@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from localspec import compat, store
-from localspec.cli.console import err, out
+from localspec.cli.console import err, out, rich_progress
 from localspec.errors import IncompatibleError, UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
 
@@ -54,18 +51,3 @@ def _check_headers(chosen: Profile, *, offline: bool, force: bool) -> None:
         if finding.severity != "ok":
             detail = f": {finding.detail}" if finding.detail else ""
             err.print(f"warning: {finding.title}{detail}", markup=False, highlight=False)
-
-
-@contextmanager
-def rich_progress() -> Iterator[store.Progress]:
-    """A Rich progress bar on stderr, driven by the store's ``progress(description, done, total)`` callback."""
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        tasks: dict[str, int] = {}
-
-        def update(description: str, done: int, total: int) -> None:
-            if description not in tasks:
-                tasks[description] = bar.add_task(description, total=total or None)
-            bar.update(tasks[description], completed=done, total=total or None)
-
-        yield update

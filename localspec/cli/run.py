@@ -13,9 +13,8 @@ from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
-from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
-from localspec.tui import LiveView, PrefillBar
+from localspec.tui import LiveView, PrefillBar, summary_line
 
 
 @o.generation_options()
@@ -72,24 +71,6 @@ def run_command(
         raise typer.Exit(130)
     if stats.stop_reason == "context_full":
         raise ContextFullError(f"the context window ({decoder.target.n_ctx} tokens) filled up; use a larger --ctx")
-
-
-def summary_line(stats: GenerationStats) -> str:
-    """One line of figures for the end of an answer."""
-    parts = [
-        f"{stats.generated_tokens} tokens",
-        f"{stats.decode_tok_per_s:.1f} tok/s",
-        f"{stats.rounds} target passes",
-    ]
-    if stats.drafted:
-        by_method = ", ".join(
-            f"{m} {stats.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(stats.drafted_by_method.items())
-        )
-        parts.append(f"accepted {stats.acceptance_rate:.0%} ({by_method})")
-        parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
-    parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
-    parts.append(f"stop: {stats.stop_reason}")
-    return " | ".join(parts)
 
 
 def _read_prompt(prompt: str | None) -> str:
