@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec import paths, store
-from localspec.cli import doctor
 from localspec.cli.app import app
+from localspec.engine import backend
 from localspec.profiles import DEFAULT_PROFILE
 from tests.fake_index import hidden_leftovers, write_user_profile
 from tests.tiny_models import TinySpec, tiny_model_bytes
@@ -133,17 +133,17 @@ def test_doctor_lists_cached_models(fake_index):
 
 def test_amx_backend_is_detected_from_libraries_or_system_info(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...ggml_cpu_has_amx_int8\x00AMX_INT8\x00")
-    assert not doctor.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
-    assert doctor.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
+    assert not backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
+    assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...\x00AMX\x00...ggml_backend_amx_buffer_type")
-    assert doctor.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
+    assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
 
 
 def test_exact_tiled_patch_is_detected_from_the_cpu_library(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...GGML_CPU_TILED_MM\x00")
-    assert not doctor.has_exact_tiled(tmp_path)
+    assert not backend.has_exact_tiled(tmp_path)
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...GGML_CPU_TILED_MM\x00exact\x00")
-    assert doctor.has_exact_tiled(tmp_path)
+    assert backend.has_exact_tiled(tmp_path)
 
 
 def test_pull_offline_with_an_empty_cache_fails_clearly():
