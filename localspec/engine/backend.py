@@ -173,12 +173,8 @@ class LlamaModel:
         self.rollback(0)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        """How many leading ``tokens`` the KV cache already holds."""
+        return common_prefix_length(self.tokens, tokens)
 
     # -- evaluation ------------------------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None) -> np.ndarray:
@@ -281,3 +277,13 @@ def gpu_backends(lib_dir: Path, system_info: str) -> str:
     names = [name for name in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL") if name.lower() in system_info.lower()]
     names += [lib.name for lib in lib_dir.glob("libggml-*") if any(n in lib.name for n in ("cuda", "metal", "vulkan", "hip"))]
     return ", ".join(dict.fromkeys(names)) or "compiled in"
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences (what a cache can keep)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
