@@ -6,10 +6,11 @@ from typing import Optional
 
 import typer
 
-from localspec import compat, store
+from localspec import store
 from localspec.cli.console import err, out, rich_progress
 from localspec.errors import IncompatibleError, UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
+from localspec.session import pair_report
 
 
 def pull_command(
@@ -41,7 +42,7 @@ def _check_headers(chosen: Profile, *, offline: bool, force: bool) -> None:
     """Compare the pair from its GGUF headers (a prefix fetch each), so an incompatible pair costs no download."""
     if offline and (store.cached_path(chosen.target) is None or store.cached_path(chosen.draft) is None):
         return  # nothing will be downloaded, and the pull itself names the missing file
-    report = compat.pair_report(chosen.target, chosen.draft)
+    report = pair_report(chosen.target, chosen.draft)
     if not report.compatible and not force:
         raise IncompatibleError(
             f"target and draft of profile {chosen.name} are incompatible: {report.first_reason} "
