@@ -13,7 +13,7 @@ from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece, stream_text
 from localspec.errors import ContextFullError, UsageError
-from localspec.templates import render_chat
+from localspec.gguf.templates import render_chat
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 

@@ -18,6 +18,7 @@ DEFAULT_PORT = 8080
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
 
+@o.generation_options()
 def serve_command(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on; any but loopback needs --api-key.")] = DEFAULT_HOST,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0 picks a free one).")] = DEFAULT_PORT,
@@ -27,35 +28,17 @@ def serve_command(
     )] = None,
     cors: Annotated[Optional[str], typer.Option("--cors", help="Let this browser origin call the API, e.g. http://localhost:3000.")] = None,
     queue: Annotated[int, typer.Option("--queue", min=1, help="Requests that may wait behind the running one; more get HTTP 429.")] = DEFAULT_MAX_QUEUE,
-    profile: o.ProfileOpt = None,
-    target: o.TargetOpt = None,
-    draft: o.DraftOpt = None,
-    method: o.MethodOpt = None,
-    draft_len: o.DraftLenOpt = None,
-    temp: o.TempOpt = None,
-    top_k: o.TopKOpt = None,
-    top_p: o.TopPOpt = None,
-    min_p: o.MinPOpt = None,
-    seed: o.SeedOpt = None,
     max_tokens: Annotated[Optional[int], typer.Option(
         "--max-tokens", "-n", min=1, help="Default answer limit when a request sets none [default: until the context is full].",
     )] = None,
-    ctx: o.CtxOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = None,
-    draft_gpu_layers: o.DraftGpuLayersOpt = None,
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
+    *,
+    generation: o.GenerationOptions,
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
     if not _is_loopback(host) and not api_key:
         raise UsageError(
             f"--host {host} lets other machines connect; also pass --api-key KEY (or set {API_KEY_ENV})"
         )
-    generation = o.GenerationOptions(
-        profile, target, draft, method, draft_len, temp, top_k, top_p, min_p, seed,
-        ctx, threads, gpu_layers, draft_gpu_layers, force, offline,
-    )
     pair, decoder, sampling = generation.open()
     worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue)
     app = make_app(worker, model_name=pair.label, api_key=api_key, cors_origin=cors)
