@@ -54,6 +54,7 @@ SHARED_OPTIONS = ["--profile", "--target", "--draft", "--temp", "--top-k", "--to
         ("run", ["--method", "--draft-len", "--max-tokens", "--raw", "--stop", "--json"]),
         ("chat", ["--method", "--draft-len", "--max-tokens", "--system", "--no-tui"]),
         ("bench", ["--methods", "--draft-len", "--workloads", "--quick", "--write-profile"]),
+        ("serve", ["--method", "--draft-len", "--max-tokens", "--host", "--port", "--api-key", "--cors", "--queue"]),
     ],
 )
 def test_generating_commands_list_every_shared_option_in_help(command, own):
