@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from localspec.server import schema
 from localspec.server.schema import APIError, GenerationRequest
-from localspec.server.worker import Event, Failed, Finished, GenerationWorker, Job, Piece
+from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
 
 # Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -74,12 +74,12 @@ def make_app(
     async def chat_completions(request: Request) -> Response:
         authorize(request)
         generation = schema.parse_chat_request(await _read_json(request, max_body_bytes))
-        return await _answer(request, worker, generation, _ChatFormat(model_name))
+        return await _answer(request, worker, generation, schema.ChatFormat(model_name))
 
     async def completions(request: Request) -> Response:
         authorize(request)
         generation = schema.parse_completion_request(await _read_json(request, max_body_bytes))
-        return await _answer(request, worker, generation, _CompletionFormat(model_name))
+        return await _answer(request, worker, generation, schema.CompletionFormat(model_name))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -147,7 +147,9 @@ async def _read_json(request: Request, limit: int) -> object:
 
 
 # -- answering -------------------------------------------------------------------------------------
-async def _answer(request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt) -> Response:
+async def _answer(
+    request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt: schema.ResponseFormat
+) -> Response:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -174,7 +176,7 @@ async def _answer(request: Request, worker: GenerationWorker, generation: Genera
             if isinstance(event, Failed):
                 raise event.error
             if event is not None:
-                return JSONResponse(fmt.response("".join(pieces), event))
+                return JSONResponse(fmt.response("".join(pieces), event.stats, event.method))
         if first is None or not generation.stream:
             return Response(status_code=204)  # the client has gone; nothing is sent
     finally:
@@ -202,7 +204,7 @@ async def _next(events: asyncio.Queue, gone: asyncio.Future, job: Job) -> Event 
     return getting.result() if answered else None
 
 
-async def _sse(fmt, generation: GenerationRequest, first: Event, events: asyncio.Queue, job: Job):
+async def _sse(fmt: schema.ResponseFormat, generation: GenerationRequest, first: Event, events: asyncio.Queue, job: Job):
     def data(payload: dict) -> str:
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -215,73 +217,11 @@ async def _sse(fmt, generation: GenerationRequest, first: Event, events: asyncio
         if isinstance(event, Failed):
             yield data(event.error.body())
             return
-        for payload in fmt.closing_chunks(event, with_usage=generation.include_usage):
+        for payload in fmt.closing_chunks(event.stats, event.method, with_usage=generation.include_usage):
             yield data(payload)
         yield "data: [DONE]\n\n"
     finally:
         job.cancel()  # a no-op once finished; stops the generation when the client has gone
-
-
-class _ChatFormat:
-    """Bodies of /v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects."""
-
-    def __init__(self, model: str) -> None:
-        self.model, self.id, self.created = model, schema.new_id("chatcmpl"), schema.now()
-
-    def _head(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def response(self, text: str, done: Finished) -> dict:
-        return {
-            **self._head("chat.completion"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": schema.finish_reason(done.stats)}],
-            "usage": schema.usage(done.stats),
-            "timings": schema.timings(done.stats, done.method),
-        }
-
-    def chunk(self, text: str | None, *, opening: bool = False, with_usage: bool = False) -> dict:
-        delta = {"role": "assistant", "content": ""} if opening else {"content": text}
-        body = {**self._head("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        return {**body, "usage": None} if with_usage else body
-
-    def closing_chunks(self, done: Finished, *, with_usage: bool) -> list[dict]:
-        last = {**self._head("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": {}, "finish_reason": schema.finish_reason(done.stats)}],
-                "timings": schema.timings(done.stats, done.method)}
-        if not with_usage:
-            return [last]
-        # OpenAI's usage chunk comes after the finish reason, with no choices; the figures ride on it too.
-        usage = {**self._head("chat.completion.chunk"), "choices": [], "usage": schema.usage(done.stats),
-                 "timings": last["timings"]}
-        return [{**last, "usage": None}, usage]
-
-
-class _CompletionFormat:
-    """Bodies of /v1/completions: ``text_completion`` objects, streamed or whole."""
-
-    def __init__(self, model: str) -> None:
-        self.model, self.id, self.created = model, schema.new_id("cmpl"), schema.now()
-
-    def _body(self, text: str, finish_reason: str | None) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
-
-    def response(self, text: str, done: Finished) -> dict:
-        return {**self._body(text, schema.finish_reason(done.stats)), "usage": schema.usage(done.stats),
-                "timings": schema.timings(done.stats, done.method)}
-
-    def chunk(self, text: str | None, *, opening: bool = False, with_usage: bool = False) -> dict:
-        body = self._body(text or "", None)
-        return {**body, "usage": None} if with_usage else body
-
-    def closing_chunks(self, done: Finished, *, with_usage: bool) -> list[dict]:
-        last = {**self._body("", schema.finish_reason(done.stats)), "timings": schema.timings(done.stats, done.method)}
-        if not with_usage:
-            return [last]
-        usage = {**self._body("", None), "choices": [], "usage": schema.usage(done.stats), "timings": last["timings"]}
-        return [{**last, "usage": None}, usage]
 
 
 # -- running ---------------------------------------------------------------------------------------

@@ -244,3 +244,67 @@ def timings(stats: GenerationStats, method: str) -> dict:
         "method": method,
         "by_method": figures["by_method"],
     }
+
+
+class ChatFormat:
+    """Bodies of /v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects."""
+
+    def __init__(self, model: str) -> None:
+        self.model, self.id, self.created = model, new_id("chatcmpl"), now()
+
+    def _head(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def response(self, text: str, stats: GenerationStats, method: str) -> dict:
+        return {
+            **self._head("chat.completion"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish_reason(stats)}],
+            "usage": usage(stats),
+            "timings": timings(stats, method),
+        }
+
+    def chunk(self, text: str | None, *, opening: bool = False, with_usage: bool = False) -> dict:
+        delta = {"role": "assistant", "content": ""} if opening else {"content": text}
+        body = {**self._head("chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return {**body, "usage": None} if with_usage else body
+
+    def closing_chunks(self, stats: GenerationStats, method: str, *, with_usage: bool) -> list[dict]:
+        last = {**self._head("chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(stats)}],
+                "timings": timings(stats, method)}
+        if not with_usage:
+            return [last]
+        # OpenAI's usage chunk comes after the finish reason, with no choices; the figures ride on it too.
+        figures = {**self._head("chat.completion.chunk"), "choices": [], "usage": usage(stats),
+                   "timings": last["timings"]}
+        return [{**last, "usage": None}, figures]
+
+
+class CompletionFormat:
+    """Bodies of /v1/completions: ``text_completion`` objects, streamed or whole."""
+
+    def __init__(self, model: str) -> None:
+        self.model, self.id, self.created = model, new_id("cmpl"), now()
+
+    def _body(self, text: str, reason: str | None) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+
+    def response(self, text: str, stats: GenerationStats, method: str) -> dict:
+        return {**self._body(text, finish_reason(stats)), "usage": usage(stats), "timings": timings(stats, method)}
+
+    def chunk(self, text: str | None, *, opening: bool = False, with_usage: bool = False) -> dict:
+        body = self._body(text or "", None)
+        return {**body, "usage": None} if with_usage else body
+
+    def closing_chunks(self, stats: GenerationStats, method: str, *, with_usage: bool) -> list[dict]:
+        last = {**self._body("", finish_reason(stats)), "timings": timings(stats, method)}
+        if not with_usage:
+            return [last]
+        figures = {**self._body("", None), "choices": [], "usage": usage(stats), "timings": last["timings"]}
+        return [{**last, "usage": None}, figures]
+
+
+ResponseFormat = ChatFormat | CompletionFormat
