@@ -50,7 +50,7 @@ def open_worker(target: Path, draft: Path | None, *, n_ctx: int = N_CTX, max_que
 def serving(worker: GenerationWorker, **app_options):
     """A real uvicorn server on a free port of 127.0.0.1, in a background thread."""
     app = make_app(worker, model_name="tiny", **app_options)
-    server = LocalServer(app, host="127.0.0.1", port=0, log_level="warning")
+    server = LocalServer(app, worker, host="127.0.0.1", port=0, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT_S
@@ -349,7 +349,7 @@ def test_serve_command_prints_the_url_and_stops_on_ctrl_c_without_leaking_secret
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_TOKEN": token, "LOCALSPEC_API_KEY": key}
     proc = subprocess.Popen(
         [sys.executable, "-m", "localspec", "serve", "--target", str(tiny_target), "--draft", str(tiny_draft),
-         "--port", "0", "--threads", "1", "--ctx", "512"],
+         "--port", "0", "--threads", "1", "--ctx", "8192"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
     )
     try:
@@ -358,11 +358,19 @@ def test_serve_command_prints_the_url_and_stops_on_ctrl_c_without_leaking_secret
         base_url = first.split(" at ")[1].strip()
         answer = openai.OpenAI(base_url=base_url, api_key=key, timeout=TIMEOUT_S, max_retries=0)
         assert answer.chat.completions.create(model="x", messages=messages(), max_tokens=4).choices
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        # Ctrl-C while an answer streams: the stream ends with an error event, the server exits at once.
+        body = {"messages": messages(), "stream": True, "max_tokens": 8000}  # seconds of work
+        with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=TIMEOUT_S,
+                          headers={"Authorization": f"Bearer {key}"}) as streaming:
+            lines = streaming.iter_lines()
+            assert next(lines).startswith("data: ")
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+            rest = [line for line in lines if line]
     finally:
         proc.kill()
     assert proc.returncode == 0 and "stopped" in stderr and "Traceback" not in stderr
+    assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "shutting_down"
     assert stdout == ""  # stdout carries only the base URL; the access log goes to stderr
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in stderr
     for secret in (key, token):

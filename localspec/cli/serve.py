@@ -49,7 +49,7 @@ def serve_command(
         err.print(f"model id {pair.label!r}, method {decoder.controller.method}, {auth}; Ctrl-C stops", highlight=False)
 
     try:
-        LocalServer(app, host=host, port=port, on_ready=ready).run()
+        LocalServer(app, worker, host=host, port=port, on_ready=ready).run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on; that is the normal way to stop
         pass
     err.print("localspec serve: stopped", highlight=False)

@@ -226,16 +226,21 @@ async def _sse(fmt: schema.ResponseFormat, generation: GenerationRequest, first:
 
 # -- running ---------------------------------------------------------------------------------------
 class LocalServer(uvicorn.Server):
-    """uvicorn's server, reporting its base URL (with the real port when asked for port 0) once it listens."""
+    """uvicorn's server, reporting its base URL (with the real port when asked for port 0) once it listens.
 
-    def __init__(self, app: Starlette, *, host: str, port: int, on_ready: Callable[[str], None] | None = None,
-                 log_level: str = "info") -> None:
+    On shutdown the worker answers its open requests with a 503 at once, so streams end cleanly instead
+    of waiting for uvicorn's graceful-shutdown timeout to cancel them.
+    """
+
+    def __init__(self, app: Starlette, worker: GenerationWorker, *, host: str, port: int,
+                 on_ready: Callable[[str], None] | None = None, log_level: str = "info") -> None:
         # uvicorn writes its access log to stdout; here stdout carries only the base URL (results), so
         # every log line goes to stderr with the other status output.
         log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
         log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
                                         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        self.worker = worker
         self.on_ready = on_ready
         self.base_url: str | None = None
 
@@ -248,3 +253,7 @@ class LocalServer(uvicorn.Server):
         self.base_url = f"http://{host}:{port}/v1"
         if self.on_ready is not None:
             self.on_ready(self.base_url)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.worker.shut_down()
+        await super().shutdown(sockets=sockets)

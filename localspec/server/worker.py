@@ -87,6 +87,7 @@ class GenerationWorker:
         self.has_chat_template = bool(decoder.target.metadata.get(TEMPLATE_KEY))
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="localspec-generation", daemon=True)
 
     @property
@@ -100,22 +101,32 @@ class GenerationWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Cancel the running and waiting jobs and end the thread (after the current round)."""
+    def shut_down(self) -> None:
+        """Refuse new jobs and answer the running and waiting ones with a 503 now, so their responses end."""
+        self._closing = True
+        error = Failed(APIError(503, "the server is shutting down; retry when it is running again",
+                                type="server_error", code="shutting_down"))
+        jobs = [self._current]
         while True:
             try:
-                job = self._jobs.get_nowait()
+                jobs.append(self._jobs.get_nowait())
             except queue.Empty:
                 break
+        for job in jobs:
             if job is not None:
                 job.cancel()
-        if self._current is not None:
-            self._current.cancel()
+                job.emit(error)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the thread once the current round is over (after ``shut_down``, nothing is left to run)."""
+        self.shut_down()
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join(timeout)
 
     def submit(self, job: Job) -> None:
+        if self._closing:
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
