@@ -53,7 +53,8 @@ class _Cancelled(Exception):
 
 
 class Job:
-    """One request on its way through the worker. ``emit`` is called on the worker thread."""
+    """One request on its way through the worker. ``emit`` must be thread-safe: the worker thread calls it,
+    and so does ``GenerationWorker.shut_down`` on whichever thread stops the server."""
 
     def __init__(self, request: GenerationRequest, emit: Callable[[Event], None]) -> None:
         self.request = request
@@ -68,12 +69,23 @@ class Job:
         return self._cancelled.is_set()
 
 
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry when it is running again",
+                    type="server_error", code="shutting_down")
+
+
+def _turn_away(job: Job) -> None:
+    job.cancel()
+    job.emit(Failed(_shutting_down()))
+
+
 class GenerationWorker:
     """Owns the decoder; runs queued jobs one by one on its own thread.
 
     Args:
         decoder: the engine; only this worker's thread touches it once started.
         sampling: the server's defaults, which a request's own fields override.
+        max_tokens: the answer limit for requests that set none (None: until the context is full).
         max_queue: jobs that may wait behind the running one; more are refused (HTTP 429).
     """
 
@@ -104,8 +116,6 @@ class GenerationWorker:
     def shut_down(self) -> None:
         """Refuse new jobs and answer the running and waiting ones with a 503 now, so their responses end."""
         self._closing = True
-        error = Failed(APIError(503, "the server is shutting down; retry when it is running again",
-                                type="server_error", code="shutting_down"))
         jobs = [self._current]
         while True:
             try:
@@ -114,8 +124,7 @@ class GenerationWorker:
                 break
         for job in jobs:
             if job is not None:
-                job.cancel()
-                job.emit(error)
+                _turn_away(job)
 
     def stop(self, timeout: float = 30.0) -> None:
         """End the thread once the current round is over (after ``shut_down``, nothing is left to run)."""
@@ -126,7 +135,7 @@ class GenerationWorker:
 
     def submit(self, job: Job) -> None:
         if self._closing:
-            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            raise _shutting_down()
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
@@ -137,6 +146,8 @@ class GenerationWorker:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            if self._closing:  # taken off the queue just as shut_down emptied it
+                _turn_away(job)
             if job.cancelled:
                 continue
             self._current = job
