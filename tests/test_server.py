@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -375,6 +376,16 @@ def test_serve_command_prints_the_url_and_stops_on_ctrl_c_without_leaking_secret
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in stderr
     for secret in (key, token):
         assert secret not in first + stdout + stderr
+
+
+def test_serve_names_the_fix_when_the_port_is_taken(tiny_target):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli_app, ["serve", "--target", str(tiny_target), "--port", str(port),
+                                              "--threads", "1"])
+    assert result.exit_code == 2 and "pick another --port" in result.output
 
 
 def test_serve_refuses_another_interface_without_a_key(tiny_target):

@@ -48,10 +48,16 @@ def serve_command(
         auth = "requests need the API key (Authorization: Bearer)" if api_key else "no API key"
         err.print(f"model id {pair.label!r}, method {decoder.controller.method}, {auth}; Ctrl-C stops", highlight=False)
 
+    server = LocalServer(app, worker, host=host, port=port, on_ready=ready)
     try:
-        LocalServer(app, worker, host=host, port=port, on_ready=ready).run()
+        server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on; that is the normal way to stop
         pass
+    except SystemExit:
+        if server.started:
+            raise
+        # uvicorn has logged the reason (e.g. address already in use) and exits without a fix to offer.
+        raise UsageError(f"could not listen on {host}:{port}; pick another --port (0 picks a free one)") from None
     err.print("localspec serve: stopped", highlight=False)
 
 
