@@ -374,6 +374,7 @@ def test_serve_command_prints_the_url_and_stops_on_ctrl_c_without_leaking_secret
     assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "shutting_down"
     assert stdout == ""  # stdout carries only the base URL; the access log goes to stderr
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in stderr
+    assert "prompt tokens (0 reused) | 4 tokens" in stderr  # each answer's figures
     for secret in (key, token):
         assert secret not in first + stdout + stderr
 

@@ -238,6 +238,8 @@ class LocalServer(uvicorn.Server):
         # every log line goes to stderr with the other status output.
         log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
         log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+        # Each answer's figures (the worker's log) appear among uvicorn's lines, in the same format.
+        log_config["loggers"][log.name] = {"handlers": ["default"], "level": "INFO", "propagate": False}
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
                                         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         self.worker = worker

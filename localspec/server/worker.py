@@ -23,6 +23,7 @@ from localspec.engine.stats import GenerationStats
 from localspec.engine.text import stream_text
 from localspec.errors import ContextFullError, LocalspecError, TemplateError, UsageError
 from localspec.server.schema import APIError, GenerationRequest
+from localspec.tui import summary_line
 
 DEFAULT_MAX_QUEUE = 8
 
@@ -202,4 +203,7 @@ class GenerationWorker:
                 if job.cancelled:
                     return
                 job.emit(Piece(piece.text))
-        job.emit(Finished(decoder.stats, decoder.controller.method))
+        stats = decoder.stats
+        job.emit(Finished(stats, decoder.controller.method))
+        log.info("%d prompt tokens (%d reused) | %s", stats.prompt_tokens, stats.prompt_tokens - stats.prefill_tokens,
+                 summary_line(stats))
