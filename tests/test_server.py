@@ -41,7 +41,7 @@ REAL_TIMEOUT_S = 600
 
 
 def open_worker(target: Path, draft: Path | None, *, n_ctx: int = N_CTX, max_queue: int = 8,
-                threads: int = 1) -> GenerationWorker:
+                threads: int | None = 1) -> GenerationWorker:
     pair = Pair(target, draft, target.name)
     decoder = open_decoder(pair, ModelOptions(n_ctx=n_ctx, threads=threads), method="auto")
     return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=max_queue)
