@@ -9,10 +9,13 @@ An upgrade of llama-cpp-python that moves these internals should break this file
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -230,12 +233,8 @@ class LlamaModel:
         self.rollback(0)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        """How many leading ``tokens`` the KV cache already holds."""
+        return common_prefix_length(self.tokens, tokens)
 
     # -- evaluation ------------------------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None) -> np.ndarray:
@@ -291,14 +290,60 @@ class LlamaModel:
                 getattr(self, part).close()
 
 
-def build_info() -> dict[str, object]:
+# The AMX backend's own symbols/buffer-type name; "ggml_cpu_has_amx_int8" alone is only a feature probe.
+_AMX_BACKEND = re.compile(rb"ggml_backend_amx|\x00AMX\x00")
+
+
+@dataclass(frozen=True)
+class BuildInfo:
     """What the installed llama-cpp-python was compiled with (for ``doctor``)."""
-    import llama_cpp
 
-    info = llama_cpp.llama_print_system_info()
-    return {
-        "llama_cpp_python": llama_cpp.__version__,
-        "system_info": info.decode() if isinstance(info, bytes) else str(info),
-        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
-    }
+    version: str
+    module: str  # where llama_cpp was imported from
+    system_info: str  # llama.cpp's own "CPU : AVX2 = 1 | ..." line
+    gpu_offload: str | None  # the GPU backends compiled in; None for a CPU-only build
+    exact_tiled: bool  # understands GGML_CPU_TILED_MM=exact (scripts/patches/llama-cpp-exact-tiled.patch)
+    amx_backend: bool  # carries the AMX backend, which crashes on AMX CPUs (llama.cpp #20824)
 
+
+def build_info() -> BuildInfo:
+    """Inspect the installed build; raises whatever a broken native build raises on import."""
+    llama_cpp, _ = _import_llama_cpp()
+    system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    return BuildInfo(
+        version=importlib.metadata.version("llama-cpp-python"),
+        module=llama_cpp.__file__,
+        system_info=system_info,
+        gpu_offload=gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else None,
+        exact_tiled=has_exact_tiled(lib_dir),
+        amx_backend=has_amx_backend(lib_dir, system_info),
+    )
+
+
+def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
+    """True when the build compiled AMX kernels: reported in system info or present in the shared libraries."""
+    if re.search(r"AMX\w* = 1", system_info):
+        return True
+    return any(_AMX_BACKEND.search(lib.read_bytes()) for lib in sorted(lib_dir.glob("*.so*")) + sorted(lib_dir.glob("*.dylib")))
+
+
+def has_exact_tiled(lib_dir: Path) -> bool:
+    """True when the CPU backend understands GGML_CPU_TILED_MM=exact."""
+    return any(b"\0exact\0" in lib.read_bytes() for lib in lib_dir.glob("libggml-cpu*"))
+
+
+def gpu_backends(lib_dir: Path, system_info: str) -> str:
+    names = [name for name in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL") if name.lower() in system_info.lower()]
+    names += [lib.name for lib in lib_dir.glob("libggml-*") if any(n in lib.name for n in ("cuda", "metal", "vulkan", "hip"))]
+    return ", ".join(dict.fromkeys(names)) or "compiled in"
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences (what a cache can keep)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+
+def judged(drafted: int, accepted: int) -> int:
+    """Draft positions one round judged: the target checks drafts up to and including the first rejection."""
+    return min(drafted, accepted + 1)
 
 
 @dataclass
@@ -42,11 +48,30 @@ class GenerationStats:
         while len(self.per_position_drafted) < drafted:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
-        # Position i is only judged if every earlier draft token was accepted.
-        for i in range(min(drafted, accepted + 1)):
+        for i in range(judged(drafted, accepted)):
             self.per_position_drafted[i] += 1
             if i < accepted:
                 self.per_position_accepted[i] += 1
+
+    @classmethod
+    def pooled(cls, generations: Iterable[GenerationStats]) -> GenerationStats:
+        """Counts and times of several generations added up, so figures pooled over runs use the same rules."""
+        total = cls()
+        for s in generations:
+            for name in ("prompt_tokens", "prefill_tokens", "generated_tokens", "rounds", "drafted", "accepted",
+                         "prefill_s", "draft_s", "verify_s", "overhead_s"):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            for mine, theirs in ((total.drafted_by_method, s.drafted_by_method),
+                                 (total.accepted_by_method, s.accepted_by_method),
+                                 (total.rounds_by_method, s.rounds_by_method)):
+                for method, n in theirs.items():
+                    mine[method] = mine.get(method, 0) + n
+            for mine, theirs in ((total.per_position_drafted, s.per_position_drafted),
+                                 (total.per_position_accepted, s.per_position_accepted)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, n in enumerate(theirs):
+                    mine[i] += n
+        return total
 
     @property
     def acceptance_rate(self) -> float:
