@@ -47,6 +47,14 @@ GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Targe
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", help="Draft layers to offload.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the checker finds the pair incompatible.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache.")]
+ExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exact",
+        help="Bit-identical verification even where it costs speed (a build without localspec's patch, a GPU); "
+        "on a patched CPU build it is always on.",
+    ),
+]
 
 
 def _pick(given, default):
@@ -77,6 +85,7 @@ class GenerationOptions:
     draft_gpu_layers: DraftGpuLayersOpt = None
     force: ForceOpt = False
     offline: OfflineOpt = False
+    exact: ExactOpt = False
 
     def open(self) -> tuple[Pair, SpeculativeDecoder, SamplingParams]:
         """Resolve the pair (downloading a profile's models if needed), check it, load the target."""
@@ -95,6 +104,7 @@ class GenerationOptions:
             threads=_pick(self.threads, defaults.threads),
             gpu_layers=_pick(self.gpu_layers, defaults.gpu_layers),
             draft_gpu_layers=_pick(self.draft_gpu_layers, defaults.draft_gpu_layers),
+            exact=True if self.exact else None,
         )
         draft_len = _pick(self.draft_len, defaults.draft_len)
         decoder = open_decoder(pair, options, method=method, draft_len=draft_len)
