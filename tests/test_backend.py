@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.engine.backend import EXACT, LlamaModel, choose_kernels, exact_kernels_built
+from localspec.engine.backend import EXACT, MAX_VERIFY_BATCH, LlamaModel, choose_kernels, exact_kernels_built
 from localspec.errors import ContextFullError
 
 
@@ -45,10 +45,11 @@ def real_target(qwen_pair):
 
 
 # Each side of every kernel switch: repacked q4_K takes a 4-row gemm plus one-row gemvs for the rest
-# (1-5, 8, 9), q6_K the small-batch GEMV up to 24 rows and the tiled kernel beyond (24, 25), and a
-# verification can be as long as the longest lookup draft plus one (65).
+# (1-5, 8, 9), q6_K the small-batch GEMV up to 24 rows and the tiled kernel beyond (24, 25); a verification
+# is as long as the longest lookup draft plus one (65) and never longer than MAX_VERIFY_BATCH, the largest
+# batch flash attention keeps on its one-query path.
 @pytest.mark.real
-@pytest.mark.parametrize("chunk", [2, 3, 4, 5, 8, 9, 24, 25, 65])
+@pytest.mark.parametrize("chunk", [2, 3, 4, 5, 8, 9, 24, 25, 65, MAX_VERIFY_BATCH])
 def test_real_target_is_batch_invariant(real_target, chunk):
     """Verified logits equal one-token logits bit for bit, with the kernels in use (repacked weights, flash
     attention), after a prefix of 520 tokens (past the 512-entry KV length where stock llama.cpp splits a
@@ -56,7 +57,7 @@ def test_real_target_is_batch_invariant(real_target, chunk):
     model = real_target
     assert model.kernels == EXACT
     code = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
-    tokens = model.tokenize(code * 24, add_bos=False)[: 520 + chunk]
+    tokens = model.tokenize(code * 30, add_bos=False)[: 520 + chunk]
     single, batched = _single_and_batched(model, tokens, 520, chunk)
     assert len(single) == chunk
     assert np.array_equal(single, batched)

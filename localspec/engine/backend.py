@@ -53,6 +53,9 @@ def _quiet_llama_logs(llama_cpp) -> None:
 # How batched verification relates to one-token decoding (see the README, "Exact or fast kernels").
 EXACT = "exact"  # bit-identical: greedy output equals the target's, token for token
 FAST = "fast"  # stock kernels: lossless up to floating-point rounding, measured not promised
+# Exact kernels keep batches up to this size invariant; larger ones (prompt prefill) take faster kernels.
+# Must equal GGML_EXACT_VERIFY_MAX in scripts/patches/llama-cpp-exact.patch.
+MAX_VERIFY_BATCH = 128
 _EXACT_SYMBOL = "ggml_tiled_exact_mode"  # exported by scripts/patches/llama-cpp-exact.patch
 _kernels_in_process: str | None = None  # ggml reads GGML_CPU_TILED_MM once, at the first matmul
 

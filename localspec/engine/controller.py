@@ -13,6 +13,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from localspec.engine.backend import MAX_VERIFY_BATCH
 from localspec.engine.stats import judged
 from localspec.errors import UsageError
 
@@ -20,6 +21,7 @@ METHODS = ("none", "draft", "lookup", "hybrid", "auto")
 DEFAULT_METHOD = "auto"
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
 DEFAULT_LOOKUP_MAX = 64
+MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus the drafts
 DEFAULT_DRAFT_MAX = 16
 # Until a batch size is measured, assume each extra token adds this share of a one-token pass
 # (slightly optimistic: a wrong guess is measured and corrected after one round).
@@ -122,8 +124,8 @@ class Controller:
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
         check_method(method, has_draft_model=self.has_draft_model)
-        if draft_len is not None and draft_len < 1:
-            raise UsageError(f"draft length must be at least 1, got {draft_len}")
+        if draft_len is not None and not 1 <= draft_len <= MAX_DRAFT_LEN:
+            raise UsageError(f"draft length must be between 1 and {MAX_DRAFT_LEN}, got {draft_len}")
         lookup_max, draft_max = self._limits
         self.method = method
         self.draft_len = draft_len
