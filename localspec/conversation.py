@@ -13,7 +13,7 @@ from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece, stream_text
 from localspec.errors import ContextFullError, UsageError
-from localspec.templates import render_chat
+from localspec.gguf.templates import render_chat
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -47,20 +47,21 @@ class Conversation:
         # Templates that write the BOS text themselves must not get a second one from the tokenizer.
         return text, self.model.add_bos and not (bos and text.startswith(bos))
 
-    def _render(self, messages: list[dict]) -> list[int]:
+    def render(self, messages: list[dict]) -> list[int]:
+        """Prompt tokens for ``messages`` (after the system prompt, if any), ending with the assistant's turn."""
         text, add_bos = self.render_text(messages)
         return self.model.tokenize(text, add_bos=add_bos, special=True)
 
     def prompt_tokens(self, reserve: int) -> list[int]:
         """Tokens of the conversation so far, dropping the oldest turns until ``reserve`` tokens fit after it."""
         n_ctx = self.model.n_ctx
-        tokens = self._render(self.messages)
+        tokens = self.render(self.messages)
         while len(tokens) + reserve > n_ctx and len(self.messages) > 1:
             # Drop the oldest user turn and its answer; the system prompt is not in self.messages.
             cut = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
             del self.messages[:cut]
             self.dropped_turns += 1
-            tokens = self._render(self.messages)
+            tokens = self.render(self.messages)
         if len(tokens) >= n_ctx:
             raise ContextFullError(
                 f"the prompt is {len(tokens)} tokens but the context window is {n_ctx}; "

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from localspec import paths
-from localspec.engine.controller import METHODS
-from localspec.errors import ProfileError, UnsafePathError
+from localspec.engine.backend import DEFAULT_N_CTX
+from localspec.engine.controller import DEFAULT_METHOD, check_method
+from localspec.engine.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from localspec.errors import ProfileError, UnsafePathError, UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,16 +56,18 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Defaults:
-    method: str = "auto"
+    """A profile's run defaults; those it leaves out are the engine's own."""
+
+    method: str = DEFAULT_METHOD
     draft_len: int | None = None  # None: the controller decides from measured costs
-    n_ctx: int = 4096
-    gpu_layers: int = -1  # -1 offloads every layer when a GPU backend exists; ignored on CPU builds
+    n_ctx: int = DEFAULT_N_CTX
+    gpu_layers: int = -1  # -1: every layer when a GPU backend exists; ignored on CPU builds
     draft_gpu_layers: int = -1
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    threads: int | None = None  # None: llama.cpp's own choice
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    min_p: float = DEFAULT_MIN_P
+    threads: int | None = None  # None: backend.default_threads() (all cores up to 4, else half)
 
 
 @dataclass(frozen=True)
@@ -219,8 +223,11 @@ class _Reader:
         return Defaults(**values)
 
     def check_ranges(self, v: dict) -> None:
+        try:
+            check_method(v["method"])
+        except UsageError as exc:
+            raise ProfileError(f"{self.path}: key 'defaults.method': {exc}") from exc
         rules = [
-            ("method", v["method"] in METHODS, f"must be one of {', '.join(METHODS)}"),
             ("draft_len", v["draft_len"] is None or v["draft_len"] >= 1, "must be at least 1"),
             ("n_ctx", v["n_ctx"] >= 16, "must be at least 16"),
             ("gpu_layers", v["gpu_layers"] >= -1, "must be -1 (all) or a layer count"),

@@ -1,6 +1,7 @@
-"""Opening a target/draft pair for generation: find the files, refuse an incompatible pair, build the decoder.
+"""Opening a target/draft pair: find the files, check they can be paired, build the decoder.
 
-``run``, ``chat`` and ``bench`` all open models through here, so they load, check and configure alike.
+``run``, ``chat`` and ``bench`` all open models through here, so they load, check and configure alike;
+``check`` and ``pull`` compare pairs given as local files, ``hf://`` references or profiles through here too.
 """
 
 from __future__ import annotations
@@ -8,14 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Union
 
-from localspec import compat, store
-from localspec.engine.backend import DEFAULT_N_CTX, LlamaModel
+from localspec import store
+from localspec.engine.backend import DEFAULT_N_CTX, EXACT, LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.proposers import DraftModelProposer
 from localspec.errors import IncompatibleError, UsageError
-from localspec.gguf_header import read_header
-from localspec.profiles import DEFAULT_PROFILE, Profile, load_profile
+from localspec.gguf.compat import Report, check_pair
+from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
+from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
+
+# A first fetch big enough for most headers; a 262k-token vocabulary needs a second, larger one.
+FIRST_PREFIX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,7 @@ class ModelOptions:
     threads: int | None = None
     gpu_layers: int = -1
     draft_gpu_layers: int = -1
+    exact: bool | None = None  # bit-exact verification: None where it costs nothing, True forces it
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,12 @@ def resolve_pair(
     return Pair(target_path, draft_path, chosen.name, chosen)
 
 
-def ensure_compatible(pair: Pair, *, force: bool = False) -> compat.Report | None:
+def ensure_compatible(pair: Pair, *, force: bool = False) -> Report | None:
     """Run the checker on the pair; an incompatible pair is refused unless ``force``."""
     if pair.draft is None:
         read_header(pair.target)  # still validate the header before llama.cpp parses the file
         return None
-    report = compat.pair_report(pair.target, pair.draft)
+    report = pair_report(pair.target, pair.draft)
     if not report.compatible and not force:
         raise IncompatibleError(
             f"target and draft are incompatible: {report.first_reason} "
@@ -72,11 +79,53 @@ def ensure_compatible(pair: Pair, *, force: bool = False) -> compat.Report | Non
     return report
 
 
+# A local GGUF path, an hf://OWNER/NAME/FILE reference, or a profile's ModelSpec.
+ModelRef = Union[str, Path, ModelSpec]
+
+
+def load_header(ref: ModelRef) -> tuple[dict[str, object], Path | None]:
+    """The header of a local GGUF path, an ``hf://OWNER/NAME/FILE`` reference or a profile ModelSpec.
+
+    Returns the metadata and the local file (for vocab-only loading) when there is one. Remote headers
+    are read from a prefix fetched by the store, so nothing is downloaded in full.
+    """
+    if isinstance(ref, str) and ref.startswith(store.HF_SCHEME):
+        ref = store.spec_from_uri(ref)
+    if isinstance(ref, ModelSpec):
+        cached = store.cached_path(ref)
+        if cached is not None:
+            return read_header(cached), cached
+        return _remote_header(ref), None
+    path = Path(ref)
+    if not path.is_file():
+        raise UsageError(f"{path} is not a file: give a local GGUF path, hf://OWNER/NAME/FILE or --profile NAME")
+    return read_header(path), path
+
+
+def _remote_header(spec: ModelSpec) -> dict[str, object]:
+    try:
+        return read_header_prefix(store.header_prefix(spec, FIRST_PREFIX_BYTES), what=spec.label)
+    except GGUFTruncatedError:
+        # Big vocabularies (Gemma's 262k tokens) outgrow the first fetch; one more, capped, is enough.
+        return read_header_prefix(store.header_prefix(spec, MAX_HEADER_BYTES), what=spec.label)
+
+
+def pair_report(target_ref: ModelRef, draft_ref: ModelRef) -> Report:
+    """Check a pair given as local paths, ``hf://`` references or ModelSpecs (see ``load_header``)."""
+    target_header, target_path = load_header(target_ref)
+    draft_header, draft_path = load_header(draft_ref)
+    return check_pair(target_header, draft_header, target_vocab_path=target_path, draft_vocab_path=draft_path)
+
+
 def open_decoder(
     pair: Pair, options: ModelOptions, *, method: str = "auto", draft_len: int | None = None
 ) -> SpeculativeDecoder:
     """Load the target now and the draft on first use (``auto`` may never need it)."""
-    target = LlamaModel(pair.target, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.gpu_layers)
+    target = LlamaModel(
+        pair.target, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.gpu_layers, exact=options.exact
+    )
+    # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
+    draft_exact = target.kernels == EXACT
     draft = None
     ratio = 0.5
     if pair.draft is not None:
@@ -84,12 +133,14 @@ def open_decoder(
 
         def load_draft() -> LlamaModel:
             return LlamaModel(
-                draft_path, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.draft_gpu_layers
+                draft_path,
+                n_ctx=options.n_ctx,
+                n_threads=options.threads,
+                n_gpu_layers=options.draft_gpu_layers,
+                exact=draft_exact,
             )
 
         draft = DraftModelProposer(load_draft)
         # A decode step streams the weights once, so the file-size ratio is a fair first guess of the cost ratio.
         ratio = draft_path.stat().st_size / pair.target.stat().st_size
-    if method in ("draft", "hybrid") and draft is None:
-        raise UsageError(f"--method {method} needs a draft model: pass --draft PATH or use --profile")
     return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio)

@@ -176,7 +176,7 @@ class LiveView:
         text.append(f" · {stats.decode_tok_per_s:5.1f} avg")
         text.append(f" · accepted {stats.acceptance_rate:4.0%} · {stats.mean_accepted_length:.2f} tok/pass")
         text.append(f" · k {k} ({method})" if k else " · k 0 (target alone)")
-        text.append(f" · {stats.generated_tokens} tok")
+        text.append(f" · {stats.generated_tokens} tok · {stats.kernels} kernels")
         positions = stats.per_position_acceptance[:MAX_CHART_POSITIONS]
         if positions:
             text.append(f"\n  by position 1▕{sparkline(positions)}▏{len(positions)}  ")
@@ -187,6 +187,25 @@ class LiveView:
             text.append(" draft", style=SOURCE_STYLES["draft"])
             text.append(" lookup", style=SOURCE_STYLES["lookup"])
         return text
+
+
+def summary_line(stats: GenerationStats) -> str:
+    """One line of figures for the end of an answer."""
+    parts = [
+        f"{stats.generated_tokens} tokens",
+        f"{stats.decode_tok_per_s:.1f} tok/s",
+        f"{stats.rounds} target passes",
+    ]
+    if stats.drafted:
+        by_method = ", ".join(
+            f"{m} {stats.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(stats.drafted_by_method.items())
+        )
+        parts.append(f"accepted {stats.acceptance_rate:.0%} ({by_method})")
+        parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
+    parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
+    parts.append(f"stop: {stats.stop_reason}")
+    parts.append(f"{stats.kernels} kernels")
+    return " | ".join(parts)
 
 
 def stats_table(stats: GenerationStats) -> Table:

@@ -15,12 +15,12 @@ import argparse
 import statistics
 import time
 
-from localspec import store
-from localspec.conversation import Conversation
+from localspec.bench import report
+from localspec.bench.runner import BenchRunner, BenchSettings, Config
+from localspec.bench.workloads import BenchPrompt
 from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.proposers import DraftModelProposer
-from localspec.profiles import DEFAULT_PROFILE, load_profile
+from localspec.profiles import DEFAULT_PROFILE
+from localspec.session import ModelOptions, open_decoder, resolve_pair
 
 EDIT_CODE = '''def parse_config(path):
     settings = {}
@@ -59,7 +59,7 @@ PROMPTS = {
     "code-new": "Write a Python class implementing an LRU cache with a per-entry time-to-live, "
     "with get, put and delete methods and docstrings.",
 }
-METHODS = [("none", None), ("lookup", None), ("draft", 3), ("hybrid", None), ("auto", None)]
+CONFIGS = [Config("none"), Config("lookup"), Config("draft", 3), Config("hybrid"), Config("auto")]
 
 
 def main() -> None:
@@ -70,47 +70,23 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=4096)
     args = parser.parse_args()
 
-    profile = load_profile(DEFAULT_PROFILE)
-    target_path, draft_path = store.resolve_model(profile.target), store.resolve_model(profile.draft)
-    target = LlamaModel(target_path, n_ctx=args.ctx, n_threads=args.threads)
-    draft = DraftModelProposer(lambda: LlamaModel(draft_path, n_ctx=args.ctx, n_threads=args.threads))
-    ratio = draft_path.stat().st_size / target_path.stat().st_size
+    pair = resolve_pair(profile=DEFAULT_PROFILE)
+    decoder = open_decoder(pair, ModelOptions(n_ctx=args.ctx, threads=args.threads))
+    print_pass_costs(decoder.target)
 
-    def generate(prompt: str, method: str, draft_len: int | None):
-        # A fresh controller per run: nothing learned on one method leaks into another.
-        decoder = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio)
-        conversation = Conversation(decoder)
-        text_tokens = []
-        for piece in conversation.ask(prompt, max_tokens=args.max_tokens):
-            text_tokens.append(piece.text)
-        return decoder.stats, decoder.target.tokens[-decoder.stats.generated_tokens + 1 :]
-
-    # Untimed warm-up of both models.
-    generate("Say hi.", "draft", 2)
-    print_pass_costs(target)
-
-    results: dict[tuple[str, str], list] = {}
-    outputs: dict[tuple[str, str], list[int]] = {}
-    for run in range(args.runs):
-        for name, prompt in PROMPTS.items():
-            for method, k in METHODS:
-                stats, tokens = generate(prompt, method, k)
-                results.setdefault((name, method), []).append(stats)
-                outputs.setdefault((name, method), tokens)
-                print(f"run {run} {name:9} {method:7} {stats.decode_tok_per_s:6.1f} tok/s", flush=True)
+    # The bench runner warms up, interleaves the methods per run and compares outputs token by token.
+    prompts = [BenchPrompt(name, name, (prompt,)) for name, prompt in PROMPTS.items()]
+    settings = BenchSettings(CONFIGS, runs=args.runs, max_tokens=args.max_tokens)
+    result = BenchRunner(decoder, settings, progress=lambda what, done, total: print(what, flush=True)).run(prompts)
 
     print(f"\n{'prompt':10} {'method':8} {'tok/s':>7} {'vs none':>8} {'accept':>7} {'passes':>7} "
           f"{'ovh ms/round':>12} {'identical':>9}")
-    for name in PROMPTS:
-        base = statistics.median(s.decode_tok_per_s for s in results[(name, "none")])
-        for method, _ in METHODS:
-            runs = results[(name, method)]
-            tps = statistics.median(s.decode_tok_per_s for s in runs)
-            last = runs[-1]
-            overhead = 1000 * statistics.median(s.overhead_s / max(1, s.rounds) for s in runs)
-            same = outputs[(name, method)] == outputs[(name, "none")]
-            print(f"{name:10} {method:8} {tps:7.1f} {tps / base:7.2f}x {last.acceptance_rate:7.0%} "
-                  f"{last.rounds:7d} {overhead:12.2f} {str(same):>9}")
+    for row in report.build_rows(result):
+        runs = [m.stats for r in result.records if r.prompt.workload == row["workload"] and r.config.label ==
+                report.row_label(row) for m in r.runs]
+        overhead = 1000 * statistics.median(s.overhead_s / max(1, s.rounds) for s in runs)
+        print(f"{row['workload']:10} {row['method']:8} {row['tok_per_s']:7.1f} {row['speedup'] or 0:7.2f}x "
+              f"{row['acceptance_rate']:7.0%} {row['target_passes']:7.0f} {overhead:12.2f} {row['identical']!s:>9}")
 
 
 def print_pass_costs(target: LlamaModel, sizes=(1, 2, 4, 8, 16, 32, 64), reps=5) -> None:

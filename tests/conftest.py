@@ -9,6 +9,16 @@ import pytest
 from tests.tiny_models import TinySpec, write_tiny_model
 
 
+# Per-test limit for tests on the real 1.6 GB pair (the rest use pyproject's `timeout`).
+REAL_TEST_TIMEOUT_S = 1800
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if item.get_closest_marker("real") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(REAL_TEST_TIMEOUT_S))
+
+
 @pytest.fixture(autouse=True)
 def localspec_home(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own empty LOCALSPEC_HOME, so no test sees the user's cache or another test's."""

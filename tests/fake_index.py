@@ -30,6 +30,7 @@ class FakeIndex:
     html: bool = False  # serve PEP 503 HTML instead of PEP 691 JSON
     wheels: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # normalized package -> (filename, bytes)
     broken: set[str] = field(default_factory=set)  # packages whose wheel download stops halfway
+    unavailable: dict[str, int] = field(default_factory=dict)  # path -> how many more times to answer 503
     requests: list[str] = field(default_factory=list)
 
     def publish(self, prefix: str, payload: bytes, *, parts: int = 3, version: str = "1.0.0") -> Mirror:
@@ -102,6 +103,10 @@ def _handler(index: FakeIndex):
 
         def do_GET(self) -> None:
             index.requests.append(self.path)
+            if index.unavailable.get(self.path, 0) > 0:
+                index.unavailable[self.path] -= 1
+                self.send_error(503)
+                return
             parts = self.path.strip("/").split("/")
             if len(parts) == 5 and parts[2:4] == ["resolve", "main"]:
                 self._hub_file(send_body=True)

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from localspec.engine.backend import LlamaModel
+from localspec.engine.backend import EXACT, MAX_VERIFY_BATCH, LlamaModel, choose_kernels, exact_kernels_built
 from localspec.errors import ContextFullError
+
+
+def _keep_prefix(model: LlamaModel, prefix: list[int]) -> None:
+    """Leave exactly ``prefix`` in the KV cache, reusing what is there (one prefill serves many cases)."""
+    model.rollback(model.common_prefix(prefix))
+    if model.n_past < len(prefix):
+        model.eval(prefix[model.n_past :], n_logits=0)
 
 
 def _single_and_batched(model: LlamaModel, tokens: list[int], split: int, chunk: int | None = None):
     """Logits of tokens[split:] evaluated one by one, and in batches of ``chunk`` (default: one batch)."""
-    model.reset()
-    model.eval(tokens[:split], n_logits=0)
+    _keep_prefix(model, tokens[:split])
     single = np.array([model.eval([t])[0] for t in tokens[split:]])
-    model.reset()
-    model.eval(tokens[:split], n_logits=0)
+    _keep_prefix(model, tokens[:split])
     rest = tokens[split:]
     chunk = chunk or len(rest)
     batched = np.concatenate([model.eval(rest[i : i + chunk], n_logits=len(rest[i : i + chunk]))
@@ -31,17 +39,43 @@ def test_batched_verification_logits_equal_one_by_one_bit_for_bit(tiny_target):
     assert np.array_equal(single, batched)
 
 
+@pytest.fixture(scope="module")
+def real_target(qwen_pair):
+    return LlamaModel(qwen_pair[0], n_ctx=1024, n_threads=2)
+
+
+# Each side of every kernel switch: repacked q4_K takes a 4-row gemm plus one-row gemvs for the rest
+# (1-5, 8, 9), q6_K the small-batch GEMV up to 24 rows and the tiled kernel beyond (24, 25); a verification
+# is as long as the longest lookup draft plus one (65) and never longer than MAX_VERIFY_BATCH, the largest
+# batch flash attention keeps on its one-query path.
 @pytest.mark.real
-@pytest.mark.parametrize("chunk", [2, 12, 21, None])
-def test_real_target_is_batch_invariant(qwen_pair, chunk):
-    """Batches of 2-24 take the patched small-batch GEMV (one token its one-row GEMV), larger ones the
-    tiled kernel: all bit-exact."""
-    model = LlamaModel(qwen_pair[0], n_ctx=512, n_threads=2)
+@pytest.mark.parametrize("chunk", [2, 3, 4, 5, 8, 9, 24, 25, 65, MAX_VERIFY_BATCH])
+def test_real_target_is_batch_invariant(real_target, chunk):
+    """Verified logits equal one-token logits bit for bit, with the kernels in use (repacked weights, flash
+    attention), after a prefix of 520 tokens (past the 512-entry KV length where stock llama.cpp splits a
+    one-token attention across threads)."""
+    model = real_target
+    assert model.kernels == EXACT
     code = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
-    tokens = model.tokenize(code * 2, add_bos=False)
-    single, batched = _single_and_batched(model, tokens, 8, chunk)
-    assert len(single) >= 40  # one batch is past the small-batch range (24 rows)
+    tokens = model.tokenize(code * 30, add_bos=False)[: 520 + chunk]
+    single, batched = _single_and_batched(model, tokens, 520, chunk)
+    assert len(single) == chunk
     assert np.array_equal(single, batched)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the exact kernels are x86 code")
+def test_build_has_the_exact_kernels_where_the_cpu_can_run_them():
+    """scripts/setup builds them on every x86 CPU with AVX2 (their repacked-gemm part); losing the patch
+    would silently fall back to stock, inexact kernels."""
+    cpu_flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "avx2" not in cpu_flags:
+        pytest.skip("no AVX2: llama.cpp has no repacked q4_K kernels here")
+    assert exact_kernels_built(), "llama.cpp was built without scripts/patches/llama-cpp-exact.patch: rerun scripts/setup"
+    assert choose_kernels(exact=None, gpu_layers=0) == EXACT
+    if "avx512_vnni" in cpu_flags:
+        import llama_cpp
+
+        assert b"AVX512_VNNI = 1" in llama_cpp.llama_print_system_info()  # the small-batch q6_K GEMV
 
 
 def test_rollback_then_eval_matches_fresh(tiny_target):

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 
 import pytest
+import tomli_w
 from typer.testing import CliRunner
+
+from localspec import paths, store
 
 from localspec.bench import report, workloads
 from localspec.bench.runner import (
@@ -25,7 +29,7 @@ from localspec.cli.app import app
 from localspec.engine.decoder import Step
 from localspec.engine.stats import GenerationStats
 from localspec.errors import UsageError
-from localspec.profiles import DEFAULT_PROFILE, load_profile
+from localspec.profiles import DEFAULT_PROFILE, ModelSpec, load_profile
 
 ROW_TYPES = {
     "workload": str,
@@ -94,6 +98,9 @@ def test_a_small_bench_writes_json_csv_and_plot(tiny_target, tiny_draft, prompt_
     )
     assert result.exit_code == 0, result.output
     assert "recommended for echo" in result.output and "recommended for session" in result.output
+    # stdout is not a terminal here, as in a file or a CI log: every header is whole, not cut at 80 columns.
+    assert "…" not in result.stdout
+    assert all(name in result.stdout for name in ("tok/pass", "per position", "passes", "TTFT s", "output"))
 
     document = json.loads((tmp_path / "bench.json").read_text())
     assert document["schema"] == report.SCHEMA
@@ -275,3 +282,23 @@ def test_a_tuned_profile_loads_with_the_recommended_defaults():
     assert tuned.defaults.n_ctx == base.defaults.n_ctx
     with pytest.raises(UsageError):
         write_tuned_profile("bad/name", base, "auto", None, "x")
+
+
+def test_write_profile_round_trips_a_description_beyond_the_bmp(tiny_target, tiny_draft, prompt_file):
+    """An emoji is one character past U+FFFF: JSON would escape it as a surrogate pair, which TOML rejects."""
+    profile: dict = {"description": "tiny pair 🚀, naïve"}
+    for role, path in (("target", tiny_target), ("draft", tiny_draft)):
+        data = path.read_bytes()
+        spec = ModelSpec(repo="test/tiny", file=f"{role}.gguf", size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        store.model_path(spec).parent.mkdir(parents=True, exist_ok=True)
+        store.model_path(spec).write_bytes(data)  # already cached: nothing to download
+        profile[role] = {"repo": spec.repo, "file": spec.file, "size": spec.size, "sha256": spec.sha256}
+    paths.user_profiles_dir().mkdir(parents=True)
+    (paths.user_profiles_dir() / "tiny.toml").write_text(tomli_w.dumps(profile), encoding="utf-8")
+
+    result = run("--profile", "tiny", "--prompts", prompt_file, "--workloads", "echo", "--methods", "none,lookup",
+                 "--runs", 1, "--max-tokens", 8, "--ctx", 512, "--write-profile", "tuned")
+    assert result.exit_code == 0, result.output
+    tuned = load_profile("tuned")
+    assert tuned.description.startswith("tiny pair 🚀, naïve; defaults from localspec bench")
+    assert tuned.target == load_profile("tiny").target

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
 from localspec import paths, store
-from localspec.cli import doctor
 from localspec.cli.app import app
+from localspec.engine import backend
 from localspec.profiles import DEFAULT_PROFILE
 from tests.fake_index import hidden_leftovers, write_user_profile
 from tests.tiny_models import TinySpec, tiny_model_bytes
@@ -40,11 +44,52 @@ def test_each_command_has_help(command):
     assert result.exit_code == 0 and "Usage" in result.output
 
 
+SHARED_OPTIONS = ["--profile", "--target", "--draft", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "--ctx",
+                  "--threads", "--gpu-layers", "--draft-gpu-layers", "--force", "--offline"]
+
+
+@pytest.mark.parametrize(
+    "command,own",
+    [
+        ("run", ["--method", "--draft-len", "--max-tokens", "--raw", "--stop", "--json"]),
+        ("chat", ["--method", "--draft-len", "--max-tokens", "--system", "--no-tui"]),
+        ("bench", ["--methods", "--draft-len", "--workloads", "--quick", "--write-profile"]),
+        ("serve", ["--method", "--draft-len", "--max-tokens", "--host", "--port", "--api-key", "--cors", "--queue"]),
+    ],
+)
+def test_generating_commands_list_every_shared_option_in_help(command, own):
+    result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for option in SHARED_OPTIONS + own:
+        assert f" {option}" in result.output, option
+
+
+def test_shared_options_reach_the_command_by_name(tiny_target):
+    # --top-p and --min-p are neighbours in the option list: each must land in its own field.
+    result = run("run", "hi", "--target", str(tiny_target), "--temp", "0.5", "--top-p", "0.9", "--min-p", "0.1",
+                 "--seed", "7", "--top-k", "5", "--max-tokens", "2", "--json")
+    assert result.exit_code == 0, result.output
+    sampling = json.loads(result.stdout)["sampling"]
+    assert sampling == {"temperature": 0.5, "top_k": 5, "top_p": 0.9, "min_p": 0.1, "seed": 7}
+
+
 def test_profiles_lists_the_shipped_ones():
     result = run("profiles")
     assert result.exit_code == 0
     assert DEFAULT_PROFILE in result.output and "llama-3.1-8b" in result.output
     assert "1.12 GB" in result.output  # the default target's size
+
+
+def test_profiles_piped_is_not_cut_to_80_columns():
+    """`localspec profiles | cat`: off a terminal the table takes the width it needs, headers whole."""
+    piped = subprocess.run(
+        [sys.executable, "-c", "from localspec.cli.app import main; main()", "profiles"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, timeout=60,
+    )
+    lines = piped.stdout.splitlines()
+    assert lines[0].split() == ["name", "target", "draft", "method", "downloaded", "description"]
+    assert "…" not in piped.stdout
+    assert any("Qwen2.5-Coder 32B Instruct + 0.5B draft, Q4_K_M (GPU recommended, ~20 GB)" in line for line in lines)
 
 
 def test_profiles_show_prints_models_hashes_and_defaults():
@@ -89,17 +134,17 @@ def test_doctor_lists_cached_models(fake_index):
 
 def test_amx_backend_is_detected_from_libraries_or_system_info(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...ggml_cpu_has_amx_int8\x00AMX_INT8\x00")
-    assert not doctor.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
-    assert doctor.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
+    assert not backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
+    assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...\x00AMX\x00...ggml_backend_amx_buffer_type")
-    assert doctor.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
+    assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
 
 
 def test_exact_tiled_patch_is_detected_from_the_cpu_library(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...GGML_CPU_TILED_MM\x00")
-    assert not doctor.has_exact_tiled(tmp_path)
+    assert not backend.has_exact_tiled(tmp_path)
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...GGML_CPU_TILED_MM\x00exact\x00")
-    assert doctor.has_exact_tiled(tmp_path)
+    assert backend.has_exact_tiled(tmp_path)
 
 
 def test_pull_offline_with_an_empty_cache_fails_clearly():
@@ -111,7 +156,8 @@ def test_pull_offline_with_an_empty_cache_fails_clearly():
 @pytest.mark.parametrize("uri", ["hf://../../etc/passwd", "hf://a/../b", "hf://owner/name/../../x.gguf"])
 def test_pull_rejects_traversal(uri):
     result = run("pull", uri)
-    assert result.exit_code == 2 and "not allowed" in result.output or "three parts" in result.output
+    assert result.exit_code == 2
+    assert "not allowed" in result.output or "three parts" in result.output
     assert not paths.models_dir().exists() or hidden_leftovers(paths.models_dir()) == []
 
 

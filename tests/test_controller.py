@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.controller import Controller, expected_tokens
+from localspec.engine.controller import MAX_DRAFT_LEN, Controller, expected_tokens
 from localspec.errors import UsageError
 
 # Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).
@@ -128,8 +128,12 @@ def test_configure_errors_name_the_fix():
     with pytest.raises(UsageError, match="unknown method"):
         Controller("fastest")
     controller = Controller("auto")
-    with pytest.raises(UsageError, match="at least 1"):
+    with pytest.raises(UsageError, match="between 1 and"):
         controller.configure("lookup", 0)
+    # a longer verification would leave the batch sizes the exact kernels keep invariant
+    controller.configure("lookup", MAX_DRAFT_LEN)
+    with pytest.raises(UsageError, match=f"between 1 and {MAX_DRAFT_LEN}"):
+        controller.configure("lookup", MAX_DRAFT_LEN + 1)
 
 
 def test_extrapolation_follows_the_measured_slope():

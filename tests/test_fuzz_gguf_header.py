@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localspec.errors import GGUFError
-from localspec.gguf_header import read_header, read_header_prefix
+from localspec.gguf.header import read_header, read_header_prefix
 from tests.test_compat import smollm2_path  # noqa: F401  (fixture)
 
 EXAMPLES = int(os.environ.get("LOCALSPEC_FUZZ_EXAMPLES", "6000"))

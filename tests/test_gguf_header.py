@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 from localspec.errors import GGUFError
-from localspec.gguf_header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
+from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
 
 MERGES = ["▁ t", "h e", "▁t he"]
 STRING, ARRAY, UINT32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32

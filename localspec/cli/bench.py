@@ -30,7 +30,7 @@ from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import err, out
-from localspec.engine.controller import METHODS
+from localspec.engine.controller import METHODS, check_method
 from localspec.errors import UsageError
 
 DEFAULT_METHODS = ",".join(METHODS)
@@ -39,10 +39,8 @@ QUICK_MAX_TOKENS = 96
 QUICK_RUNS = 1
 
 
+@o.generation_options(speculation=False)
 def bench_command(
-    profile: o.ProfileOpt = None,
-    target: o.TargetOpt = None,
-    draft: o.DraftOpt = None,
     workloads: Annotated[
         Optional[str], typer.Option("--workloads", help="Comma-separated slices [default: all].")
     ] = None,
@@ -63,7 +61,6 @@ def bench_command(
         Optional[int],
         typer.Option("--max-tokens", "-n", min=1, help=f"Tokens per answer [default: {DEFAULT_MAX_TOKENS}]."),
     ] = None,
-    temp: o.TempOpt = None,
     json_path: Annotated[
         Optional[Path], typer.Option("--json", help="Write the rows as JSON (schema: localspec-bench/1).")
     ] = None,
@@ -89,10 +86,8 @@ def bench_command(
             f"[default methods: {QUICK_METHODS}].",
         ),
     ] = None,
-    ctx: o.CtxOpt = None,
-    threads: o.ThreadsOpt = None,
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
+    *,
+    generation: o.GenerationOptions,
 ) -> None:
     """Measure target alone and speculative decoding per workload, check outputs match, recommend a method."""
     chosen = select(
@@ -104,9 +99,6 @@ def bench_command(
     configs = _configs(_split(methods or default_methods), _draft_lens(draft_len))
     if write_profile is not None:
         paths.check_component(write_profile, "profile name")
-    generation = o.GenerationOptions(
-        profile=profile, target=target, draft=draft, temp=temp, ctx=ctx, threads=threads, force=force, offline=offline
-    )
     if vs_llama_cpp is not None:
         compare_with_llama_cpp(
             vs_llama_cpp,
@@ -125,9 +117,8 @@ def bench_command(
         raise UsageError(
             "--write-profile needs --profile: a profile stores where its models come from, local files do not"
         )
-    needs_draft = sorted({c.method for c in configs} & {"draft", "hybrid"})
-    if needs_draft and decoder.draft is None:
-        raise UsageError(f"--methods {','.join(needs_draft)} needs a draft model: pass --draft PATH or use --profile")
+    for config in configs:
+        check_method(config.method, has_draft_model=decoder.draft is not None)
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),
@@ -236,8 +227,7 @@ def _split(text: str) -> list[str]:
 
 def _configs(methods: list[str], draft_lens: list[int | None]) -> list[Config]:
     for method in methods:
-        if method not in METHODS:
-            raise UsageError(f"unknown method {method!r} in --methods; use {', '.join(METHODS)}")
+        check_method(method)
     configs = [Config(m) if m == "none" else Config(m, k) for m in methods for k in draft_lens]
     return list(dict.fromkeys(configs))
 

@@ -18,6 +18,7 @@ from localspec.bench.runner import Config, ProgressCallback
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli import options as o
 from localspec.cli.console import err, out
+from localspec.engine.controller import check_method
 from localspec.errors import UsageError
 
 
@@ -41,9 +42,8 @@ def compare_with_llama_cpp(
         raise UsageError("--vs-llama-cpp compares greedy outputs; drop --temp or use --temp 0")
     tools = stock.find_tools(bin_dir)
     pair, decoder, _ = replace(generation, temp=0.0).open()
-    needs_draft = sorted({c.method for c in configs} & {"draft", "hybrid"})
-    if needs_draft and decoder.draft is None:
-        raise UsageError(f"--methods {','.join(needs_draft)} needs a draft model: pass --draft PATH or use --profile")
+    for config in configs:
+        check_method(config.method, has_draft_model=decoder.draft is not None)
     settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens)
     with progress() as update:
         comparison = stock.StockComparison(
@@ -54,7 +54,7 @@ def compare_with_llama_cpp(
     target = decoder.target
     title = (
         f"{pair.label} vs stock llama.cpp ({bin_dir}): {runs} run(s), {max_tokens} tokens, greedy, "
-        f"threads {target.n_threads}, ctx {target.n_ctx}"
+        f"threads {target.n_threads}, ctx {target.n_ctx}, localspec kernels {target.kernels}"
     )
     out.print(_table(title, rows))
     if json_path:
@@ -68,6 +68,7 @@ def compare_with_llama_cpp(
                 "max_tokens": max_tokens,
                 "threads": target.n_threads,
                 "n_ctx": target.n_ctx,
+                "localspec_kernels": target.kernels,
                 "engines": [e.label for e in result.engines],
             },
         }

@@ -21,12 +21,11 @@ import typer
 from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
-from localspec.cli.run import summary_line
 from localspec.conversation import Conversation
-from localspec.engine.controller import METHODS
+from localspec.engine.controller import check_method
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import LocalspecError, UsageError
-from localspec.tui import LiveView, stats_table
+from localspec.tui import LiveView, stats_table, summary_line
 
 DEFAULT_MAX_TOKENS = 1024
 # After a line is read on a terminal, input arriving within this time is the rest of a paste.
@@ -57,9 +56,7 @@ def _no_arg(name: str, rest: str) -> None:
 
 
 def _method_arg(name: str, rest: str) -> str:
-    if rest not in METHODS:
-        raise UsageError(f"/method needs one of {', '.join(METHODS)}")
-    return rest
+    return check_method(rest, given_as="/method")
 
 
 def _k_arg(name: str, rest: str) -> int | None:
@@ -291,32 +288,15 @@ class ChatSession:
         err.print(f"method {controller.method}, k {k}, temperature {self.sampling.temperature:g}")
 
 
+@o.generation_options()
 def chat_command(
-    profile: o.ProfileOpt = None,
-    target: o.TargetOpt = None,
-    draft: o.DraftOpt = None,
-    method: o.MethodOpt = None,
-    draft_len: o.DraftLenOpt = None,
-    temp: o.TempOpt = None,
-    top_k: o.TopKOpt = None,
-    top_p: o.TopPOpt = None,
-    min_p: o.MinPOpt = None,
-    seed: o.SeedOpt = None,
     max_tokens: o.MaxTokensOpt = DEFAULT_MAX_TOKENS,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     no_tui: Annotated[bool, typer.Option("--no-tui", help="Plain text even on a terminal.")] = False,
-    ctx: o.CtxOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = None,
-    draft_gpu_layers: o.DraftGpuLayersOpt = None,
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
+    *,
+    generation: o.GenerationOptions,
 ) -> None:
     """Chat with speculative decoding; /help lists the commands. Reads turns from stdin when piped."""
-    generation = o.GenerationOptions(
-        profile, target, draft, method, draft_len, temp, top_k, top_p, min_p, seed,
-        ctx, threads, gpu_layers, draft_gpu_layers, force, offline,
-    )
     pair, decoder, sampling = generation.open()
     live = not no_tui and sys.stdin.isatty() and sys.stdout.isatty()
     view = LiveView(out, decoder) if live else None

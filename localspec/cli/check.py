@@ -10,9 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from localspec.cli.console import out
-from localspec.compat import ModelRef, Report, pair_report
 from localspec.errors import StoreError, UsageError
+from localspec.gguf.compat import Report
 from localspec.profiles import load_profile
+from localspec.session import ModelRef, pair_report
 
 EXIT_INCOMPATIBLE = 1
 _STYLES = {"ok": "green", "warning": "yellow", "error": "bold red", "security": "bold magenta"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import re
 import shutil
@@ -13,15 +12,13 @@ from pathlib import Path
 import typer
 
 from localspec import __version__, paths, store
-from localspec.cli.console import err, out
-from localspec.cli.profiles import format_size
+from localspec.cli.console import err, format_size, out
+from localspec.engine import backend
 
 # CPU features that decide which llama.cpp kernels can run.
 CPU_FLAGS = (
     "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
 )
-# The AMX backend's own symbols/buffer-type name; "ggml_cpu_has_amx_int8" alone is only a feature probe.
-_AMX_BACKEND = re.compile(rb"ggml_backend_amx|\x00AMX\x00")
 
 
 def doctor_command() -> None:
@@ -37,26 +34,22 @@ def doctor_command() -> None:
 
 def _report_llama(cpu_flags: list[str]) -> bool:
     try:
-        import llama_cpp
+        build = backend.build_info()
     except Exception as exc:  # a broken native build fails with OSError, ImportError, ...
         err.print(f"[bold red]llama-cpp-python cannot be imported:[/] {exc}; run scripts/setup")
         return False
-    system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    out.print(f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')} ({llama_cpp.__file__})")
-    out.print(f"llama.cpp build: {system_info}")
-    offload = gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else "none (CPU only)"
-    out.print(f"GPU offload: {offload}")
-    if "LLAMAFILE = 1" in system_info:
+    out.print(f"llama-cpp-python {build.version} ({build.module})")
+    out.print(f"llama.cpp build: {build.system_info}")
+    out.print(f"GPU offload: {build.gpu_offload or 'none (CPU only)'}")
+    if "LLAMAFILE = 1" in build.system_info:
         # Verification batches then sum in another order than one-token steps (engine/backend.py).
         err.print(
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
         )
-    patched = has_exact_tiled(lib_dir)
-    if patched and "AVX512_VNNI = 1" in system_info:
+    if build.exact_tiled and "AVX512_VNNI = 1" in build.system_info:
         out.print("batched verification: fast tiled kernels, bit-identical to one-token steps (patched build)")
-    elif patched:
+    elif build.exact_tiled:
         # The patch's small-batch kernel mirrors the AVX-512 VNNI microkernel; elsewhere exact mode is vec_dot.
         out.print("batched verification: vec_dot kernels, bit-identical but slower (no exact tiled kernel for this CPU)")
     else:
@@ -64,7 +57,7 @@ def _report_llama(cpu_flags: list[str]) -> bool:
             "[bold yellow]note: this llama.cpp build lacks localspec's exact tiled-matmul patch: output stays "
             "lossless but verification batches and prompts run about 2x slower; run scripts/setup[/]"
         )
-    if not has_amx_backend(lib_dir, system_info):
+    if not build.amx_backend:
         return True
     crashes_here = any(flag.startswith("amx") for flag in cpu_flags)
     err.print(
@@ -83,24 +76,6 @@ def _report_cache() -> None:
         out.print(f"  {path.relative_to(models)}  {format_size(size)}")
     existing = next(p for p in (models, *models.parents) if p.exists())
     out.print(f"free disk: {format_size(shutil.disk_usage(existing).free)} at {existing}")
-
-
-def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
-    """True when the build compiled AMX kernels: reported in system info or present in the shared libraries."""
-    if re.search(r"AMX\w* = 1", system_info):
-        return True
-    return any(_AMX_BACKEND.search(lib.read_bytes()) for lib in sorted(lib_dir.glob("*.so*")) + sorted(lib_dir.glob("*.dylib")))
-
-
-def has_exact_tiled(lib_dir: Path) -> bool:
-    """True when the CPU backend understands GGML_CPU_TILED_MM=exact (scripts/patches/llama-cpp-exact-tiled.patch)."""
-    return any(b"\0exact\0" in lib.read_bytes() for lib in lib_dir.glob("libggml-cpu*"))
-
-
-def gpu_backends(lib_dir: Path, system_info: str) -> str:
-    names = [name for name in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL") if name.lower() in system_info.lower()]
-    names += [lib.name for lib in lib_dir.glob("libggml-*") if any(n in lib.name for n in ("cuda", "metal", "vulkan", "hip"))]
-    return ", ".join(dict.fromkeys(names)) or "compiled in"
 
 
 def cpu_features() -> list[str]:

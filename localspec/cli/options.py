@@ -1,21 +1,26 @@
-"""Options shared by ``run``, ``chat`` and ``bench``, and how they combine with a profile's defaults.
+"""Options shared by every generating command (``run``, ``chat``, ``bench``, ``serve``), defined once.
 
-An option given on the command line wins; otherwise the profile's default; otherwise the built-in one.
+``@generation_options()`` adds them to a command and hands it one ``GenerationOptions``, built by keyword.
+``GenerationOptions.open`` applies a profile's defaults: an option given on the command line wins;
+otherwise the profile's default; otherwise the built-in one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from localspec.cli.pull import rich_progress
-from localspec.engine.controller import METHODS
+from localspec.cli.console import rich_progress
+from localspec.engine.controller import check_method
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
-from localspec.errors import UsageError
 from localspec.profiles import DEFAULT_PROFILE, Defaults
 from localspec.session import ModelOptions, Pair, ensure_compatible, open_decoder, resolve_pair
 
@@ -37,55 +42,70 @@ MinPOpt = Annotated[Optional[float], typer.Option("--min-p", min=0.0, max=1.0, h
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=64, help="Context window in tokens [default: profile's].")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads [default: all cores up to 4].")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads [default: all cores up to 4, else half].")]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Target layers to offload (-1 all, 0 none).")]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", help="Draft layers to offload.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the checker finds the pair incompatible.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache.")]
+ExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exact",
+        help="Bit-identical verification even where it costs speed (a build without localspec's patch, a GPU); "
+        "on a patched CPU build it is always on.",
+    ),
+]
 
 
 def _pick(given, default):
     return default if given is None else given
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationOptions:
-    """Everything a generating command was given, before profile defaults are applied."""
+    """Everything a generating command was given, before profile defaults are applied.
 
-    profile: str | None = None
-    target: Path | None = None
-    draft: Path | None = None
-    method: str | None = None
-    draft_len: int | None = None
-    temp: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    draft_gpu_layers: int | None = None
-    force: bool = False
-    offline: bool = False
+    Each field's annotation is its command-line option, so adding a field here adds the option to every
+    command decorated with ``generation_options``.
+    """
+
+    profile: ProfileOpt = None
+    target: TargetOpt = None
+    draft: DraftOpt = None
+    method: MethodOpt = None
+    draft_len: DraftLenOpt = None
+    temp: TempOpt = None
+    top_k: TopKOpt = None
+    top_p: TopPOpt = None
+    min_p: MinPOpt = None
+    seed: SeedOpt = None
+    ctx: CtxOpt = None
+    threads: ThreadsOpt = None
+    gpu_layers: GpuLayersOpt = None
+    draft_gpu_layers: DraftGpuLayersOpt = None
+    force: ForceOpt = False
+    offline: OfflineOpt = False
+    exact: ExactOpt = False
 
     def open(self) -> tuple[Pair, SpeculativeDecoder, SamplingParams]:
         """Resolve the pair (downloading a profile's models if needed), check it, load the target."""
-        if self.method is not None and self.method not in METHODS:
-            raise UsageError(f"unknown --method {self.method!r}; use one of {', '.join(METHODS)}")
+        if self.method is not None:
+            check_method(self.method, given_as="--method")  # a typo fails before any download
         with rich_progress() as progress:
             pair = resolve_pair(
                 profile=self.profile, target=self.target, draft=self.draft, offline=self.offline, progress=progress
             )
         defaults = pair.profile.defaults if pair.profile else Defaults()
         ensure_compatible(pair, force=self.force)
+        method = _pick(self.method, defaults.method)
+        check_method(method, has_draft_model=pair.draft is not None, given_as="--method")
         options = ModelOptions(
             n_ctx=_pick(self.ctx, defaults.n_ctx),
             threads=_pick(self.threads, defaults.threads),
             gpu_layers=_pick(self.gpu_layers, defaults.gpu_layers),
             draft_gpu_layers=_pick(self.draft_gpu_layers, defaults.draft_gpu_layers),
+            exact=True if self.exact else None,
         )
-        method = _pick(self.method, defaults.method)
         draft_len = _pick(self.draft_len, defaults.draft_len)
         decoder = open_decoder(pair, options, method=method, draft_len=draft_len)
         sampling = SamplingParams(
@@ -96,3 +116,39 @@ class GenerationOptions:
             seed=self.seed,
         )
         return pair, decoder, sampling
+
+
+# Options bench sets per configuration (its --methods and --draft-len take lists).
+SPECULATION_OPTIONS = ("method", "draft_len")
+
+
+def generation_options(*, speculation: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator: add the shared options to a Typer command and pass it ``generation=GenerationOptions``.
+
+    The command declares its own parameters plus ``generation``; the shared options follow its own in
+    ``--help``. Without ``speculation``, ``--method`` and ``--draft-len`` are left out.
+    """
+    hints = typing.get_type_hints(GenerationOptions, include_extras=True)
+    shared = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default)
+        for f in fields(GenerationOptions)
+        if speculation or f.name not in SPECULATION_OPTIONS
+    ]
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for name, p in signature.parameters.items() if name != "generation"]
+        if len(own) == len(signature.parameters):
+            raise TypeError(f"{command.__name__} needs a 'generation' parameter")
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            generation = GenerationOptions(**{p.name: kwargs.pop(p.name) for p in shared})
+            return command(generation=generation, **kwargs)
+
+        # Typer reads the parameters from the signature and their types from __annotations__.
+        wrapper.__signature__ = signature.replace(parameters=[*own, *shared])
+        wrapper.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
+        return wrapper
+
+    return decorate

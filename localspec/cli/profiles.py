@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from localspec import store
-from localspec.cli.console import out
+from localspec.cli.console import format_size, out
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, list_profiles, load_profile
 
 app = typer.Typer(help="List model profiles (target/draft pairs) or show one.", add_completion=False)
@@ -55,9 +55,3 @@ def _print_model(role: str, spec: ModelSpec) -> None:
         parts = f"{mirror.packages[0]} .. {mirror.packages[-1]}" if len(mirror.packages) > 1 else mirror.packages[0]
         out.print(f"    mirror: {mirror.kind} {parts} ({len(mirror.packages)} parts) version {mirror.version}")
     out.print(f"    cache: {cached}{'' if cached.is_file() else ' (not downloaded)'}")
-
-
-def format_size(size: int | None) -> str:
-    if size is None:
-        return "?"
-    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"

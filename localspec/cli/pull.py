@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from localspec import compat, store
-from localspec.cli.console import err, out
+from localspec import store
+from localspec.cli.console import err, out, rich_progress
 from localspec.errors import IncompatibleError, UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
+from localspec.session import pair_report
 
 
 def pull_command(
@@ -44,7 +42,7 @@ def _check_headers(chosen: Profile, *, offline: bool, force: bool) -> None:
     """Compare the pair from its GGUF headers (a prefix fetch each), so an incompatible pair costs no download."""
     if offline and (store.cached_path(chosen.target) is None or store.cached_path(chosen.draft) is None):
         return  # nothing will be downloaded, and the pull itself names the missing file
-    report = compat.pair_report(chosen.target, chosen.draft)
+    report = pair_report(chosen.target, chosen.draft)
     if not report.compatible and not force:
         raise IncompatibleError(
             f"target and draft of profile {chosen.name} are incompatible: {report.first_reason} "
@@ -54,18 +52,3 @@ def _check_headers(chosen: Profile, *, offline: bool, force: bool) -> None:
         if finding.severity != "ok":
             detail = f": {finding.detail}" if finding.detail else ""
             err.print(f"warning: {finding.title}{detail}", markup=False, highlight=False)
-
-
-@contextmanager
-def rich_progress() -> Iterator[store.Progress]:
-    """A Rich progress bar on stderr, driven by the store's ``progress(description, done, total)`` callback."""
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        tasks: dict[str, int] = {}
-
-        def update(description: str, done: int, total: int) -> None:
-            if description not in tasks:
-                tasks[description] = bar.add_task(description, total=total or None)
-            bar.update(tasks[description], completed=done, total=total or None)
-
-        yield update

@@ -13,41 +13,23 @@ from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
-from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
-from localspec.tui import LiveView, PrefillBar
+from localspec.tui import LiveView, PrefillBar, summary_line
 
 
+@o.generation_options()
 def run_command(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.")] = None,
-    profile: o.ProfileOpt = None,
-    target: o.TargetOpt = None,
-    draft: o.DraftOpt = None,
-    method: o.MethodOpt = None,
-    draft_len: o.DraftLenOpt = None,
-    temp: o.TempOpt = None,
-    top_k: o.TopKOpt = None,
-    top_p: o.TopPOpt = None,
-    min_p: o.MinPOpt = None,
-    seed: o.SeedOpt = None,
     max_tokens: o.MaxTokensOpt = 256,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template, or continue raw text.")] = True,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt (chat mode).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop at this string (repeatable).")] = None,
-    ctx: o.CtxOpt = None,
-    threads: o.ThreadsOpt = None,
-    gpu_layers: o.GpuLayersOpt = None,
-    draft_gpu_layers: o.DraftGpuLayersOpt = None,
-    force: o.ForceOpt = False,
-    offline: o.OfflineOpt = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object with the text and stats.")] = False,
+    *,
+    generation: o.GenerationOptions,
 ) -> None:
     """Generate an answer with speculative decoding; the output is the target's own, token for token."""
     text = _read_prompt(prompt)
-    generation = o.GenerationOptions(
-        profile, target, draft, method, draft_len, temp, top_k, top_p, min_p, seed,
-        ctx, threads, gpu_layers, draft_gpu_layers, force, offline,
-    )
     pair, decoder, sampling = generation.open()
     conversation = Conversation(decoder, system=system, chat=chat)
     pieces = []
@@ -89,24 +71,6 @@ def run_command(
         raise typer.Exit(130)
     if stats.stop_reason == "context_full":
         raise ContextFullError(f"the context window ({decoder.target.n_ctx} tokens) filled up; use a larger --ctx")
-
-
-def summary_line(stats: GenerationStats) -> str:
-    """One line of figures for the end of an answer."""
-    parts = [
-        f"{stats.generated_tokens} tokens",
-        f"{stats.decode_tok_per_s:.1f} tok/s",
-        f"{stats.rounds} target passes",
-    ]
-    if stats.drafted:
-        by_method = ", ".join(
-            f"{m} {stats.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(stats.drafted_by_method.items())
-        )
-        parts.append(f"accepted {stats.acceptance_rate:.0%} ({by_method})")
-        parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
-    parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
-    parts.append(f"stop: {stats.stop_reason}")
-    return " | ".join(parts)
 
 
 def _read_prompt(prompt: str | None) -> str:

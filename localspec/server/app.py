@@ -1,0 +1,261 @@
+"""The OpenAI-compatible HTTP API: a Starlette app around a ``GenerationWorker``, served by uvicorn.
+
+Handlers run on the event loop and never touch a model: they check the request, queue a ``Job`` and
+relay its events, as one JSON body or as server-sent events. A client that goes away cancels its job,
+whether it is still queued or already generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localspec.server import schema
+from localspec.server.schema import APIError, GenerationRequest
+from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
+
+# Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# On Ctrl-C, streams still open after this many seconds are cut (their jobs are cancelled).
+GRACEFUL_SHUTDOWN_S = 3
+
+log = logging.getLogger("localspec.server")
+
+
+def make_app(
+    worker: GenerationWorker,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    cors_origin: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
+    """The ASGI app; starting it starts the worker thread, shutting it down stops the worker.
+
+    Args:
+        model_name: the id listed by /v1/models and echoed in responses (any requested name is accepted).
+        api_key: when set, every /v1 request needs ``Authorization: Bearer <api_key>``.
+        cors_origin: the one browser origin allowed to call the API; no CORS headers without it.
+    """
+    expected_key = api_key.encode() if api_key else None
+
+    def authorize(request: Request) -> None:
+        if expected_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # Constant-time comparison, so response timing does not reveal how much of a guess was right.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected_key):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
+                                "the server was started with", code="invalid_api_key")
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "busy": worker.busy, "queued": worker.queued})
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": schema.now(), "owned_by": "localspec"}
+        ]})
+
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        generation = schema.parse_chat_request(await _read_json(request, max_body_bytes))
+        return await _answer(request, worker, generation, schema.ChatFormat(model_name))
+
+    async def completions(request: Request) -> Response:
+        authorize(request)
+        generation = schema.parse_completion_request(await _read_json(request, max_body_bytes))
+        return await _answer(request, worker, generation, schema.CompletionFormat(model_name))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    middleware = []
+    if cors_origin:
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        ))
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ],
+        middleware=middleware,
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+
+
+# -- errors ----------------------------------------------------------------------------------------
+async def _api_error(request: Request, exc: APIError) -> Response:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    # Starlette's own 404 / 405, in OpenAI's shape.
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(APIError(exc.status_code, message, code=code).body(), status_code=exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("request failed: %s: %s", type(exc).__name__, exc)
+    error = APIError(500, f"internal error ({type(exc).__name__}); see the server log", type="server_error")
+    return JSONResponse(error.body(), status_code=500)
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    """The body parsed as JSON, read no further than ``limit`` bytes."""
+    too_large = APIError(413, f"the request body is larger than {limit} bytes; send a smaller request",
+                         code="body_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object",
+                       code="invalid_json") from None
+
+
+# -- answering -------------------------------------------------------------------------------------
+async def _answer(
+    request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt: schema.ResponseFormat
+) -> Response:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def emit(event: Event) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            job.cancel()
+
+    job = Job(generation, emit)
+    worker.submit(job)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        # Errors found before the first token (context too long, a template refusing the chat) are
+        # still proper HTTP errors, so wait for the first event before choosing the response.
+        first = await _next(events, gone, job)
+        if isinstance(first, Failed):
+            raise first.error
+        if not generation.stream:
+            pieces, event = [], first
+            while isinstance(event, Piece):
+                pieces.append(event.text)
+                event = await _next(events, gone, job)
+            if isinstance(event, Failed):
+                raise event.error
+            if event is not None:
+                return JSONResponse(fmt.response("".join(pieces), event.stats, event.method))
+        if first is None or not generation.stream:
+            return Response(status_code=204)  # the client has gone; nothing is sent
+    finally:
+        gone.cancel()
+    # From here on the StreamingResponse watches for the disconnect and cancels the stream.
+    return StreamingResponse(_sse(fmt, generation, first, events, job), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next(events: asyncio.Queue, gone: asyncio.Future, job: Job) -> Event | None:
+    """The job's next event, or None (and the job cancelled) if the client disconnects first."""
+    getting = asyncio.ensure_future(events.get())
+    try:
+        await asyncio.wait({getting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        answered = getting.done()
+        if not answered:  # the client left, or the server is shutting down
+            getting.cancel()
+            job.cancel()
+    return getting.result() if answered else None
+
+
+async def _sse(fmt: schema.ResponseFormat, generation: GenerationRequest, first: Event, events: asyncio.Queue, job: Job):
+    def data(payload: dict) -> str:
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    try:
+        yield data(fmt.chunk(None, opening=True, with_usage=generation.include_usage))
+        event = first
+        while isinstance(event, Piece):
+            yield data(fmt.chunk(event.text, with_usage=generation.include_usage))
+            event = await events.get()
+        if isinstance(event, Failed):
+            yield data(event.error.body())
+            return
+        for payload in fmt.closing_chunks(event.stats, event.method, with_usage=generation.include_usage):
+            yield data(payload)
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()  # a no-op once finished; stops the generation when the client has gone
+
+
+# -- running ---------------------------------------------------------------------------------------
+class LocalServer(uvicorn.Server):
+    """uvicorn's server, reporting its base URL (with the real port when asked for port 0) once it listens.
+
+    On shutdown the worker answers its open requests with a 503 at once, so streams end cleanly instead
+    of waiting for uvicorn's graceful-shutdown timeout to cancel them.
+    """
+
+    def __init__(self, app: Starlette, worker: GenerationWorker, *, host: str, port: int,
+                 on_ready: Callable[[str], None] | None = None, log_level: str = "info") -> None:
+        # uvicorn writes its access log to stdout; here stdout carries only the base URL (results), so
+        # every log line goes to stderr with the other status output.
+        log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+        log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+        # Each answer's figures (the worker's log) appear among uvicorn's lines, in the same format.
+        log_config["loggers"][log.name] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
+                                        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        self.worker = worker
+        self.on_ready = on_ready
+        self.base_url: str | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.started:
+            return
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        host = f"[{host}]" if ":" in host else host
+        self.base_url = f"http://{host}:{port}/v1"
+        if self.on_ready is not None:
+            self.on_ready(self.base_url)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.worker.shut_down()
+        await super().shutdown(sockets=sockets)

@@ -1,0 +1,209 @@
+"""One generation at a time: a worker thread runs requests from a bounded FIFO queue.
+
+llama.cpp calls block and the engine is not thread-safe, so every model call happens on this one
+thread; a CPU gives the best tokens/s to one generation anyway. The event loop hands a ``Job`` in and
+gets its pieces back through the job's thread-safe ``emit``. A cancelled job (client gone, server
+stopping) is noticed between pieces, so its generation stops within a round, and closing the stream
+runs the decoder's ``finally``, which leaves both KV caches consistent for the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass, replace
+
+from localspec.conversation import TEMPLATE_KEY, Conversation
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.sampling import SamplingParams
+from localspec.engine.stats import GenerationStats
+from localspec.engine.text import stream_text
+from localspec.errors import ContextFullError, LocalspecError, TemplateError, UsageError
+from localspec.server.schema import APIError, GenerationRequest
+from localspec.tui import summary_line
+
+DEFAULT_MAX_QUEUE = 8
+
+log = logging.getLogger("localspec.server")
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    stats: GenerationStats
+    method: str  # the configured speculation method (per-round methods are in stats)
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: APIError
+
+
+Event = Piece | Finished | Failed
+
+
+class _Cancelled(Exception):
+    """Raised from the prefill progress callback to abandon a long prompt whose client has gone."""
+
+
+class Job:
+    """One request on its way through the worker. ``emit`` must be thread-safe: the worker thread calls it,
+    and so does ``GenerationWorker.shut_down`` on whichever thread stops the server."""
+
+    def __init__(self, request: GenerationRequest, emit: Callable[[Event], None]) -> None:
+        self.request = request
+        self.emit = emit
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry when it is running again",
+                    type="server_error", code="shutting_down")
+
+
+def _turn_away(job: Job) -> None:
+    job.cancel()
+    job.emit(Failed(_shutting_down()))
+
+
+class GenerationWorker:
+    """Owns the decoder; runs queued jobs one by one on its own thread.
+
+    Args:
+        decoder: the engine; only this worker's thread touches it once started.
+        sampling: the server's defaults, which a request's own fields override.
+        max_tokens: the answer limit for requests that set none (None: until the context is full).
+        max_queue: jobs that may wait behind the running one; more are refused (HTTP 429).
+    """
+
+    def __init__(
+        self, decoder: SpeculativeDecoder, sampling: SamplingParams, *, max_tokens: int | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> None:
+        self.decoder = decoder
+        self.sampling = sampling
+        self.max_tokens = max_tokens
+        self.has_chat_template = bool(decoder.target.metadata.get(TEMPLATE_KEY))
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._current: Job | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="localspec-generation", daemon=True)
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shut_down(self) -> None:
+        """Refuse new jobs and answer the running and waiting ones with a 503 now, so their responses end."""
+        self._closing = True
+        jobs = [self._current]
+        while True:
+            try:
+                jobs.append(self._jobs.get_nowait())
+            except queue.Empty:
+                break
+        for job in jobs:
+            if job is not None:
+                _turn_away(job)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the thread once the current round is over (after ``shut_down``, nothing is left to run)."""
+        self.shut_down()
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        if self._closing:
+            raise _shutting_down()
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise APIError(
+                429, f"the server is busy: its queue of {self._jobs.maxsize} waiting requests is full; retry shortly",
+                type="rate_limit_error", code="queue_full",
+            ) from None
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if self._closing:  # taken off the queue just as shut_down emptied it
+                _turn_away(job)
+            if job.cancelled:
+                continue
+            self._current = job
+            try:
+                self._generate(job)
+            except _Cancelled:
+                pass
+            except APIError as exc:
+                job.emit(Failed(exc))
+            except (UsageError, ContextFullError, TemplateError) as exc:
+                job.emit(Failed(APIError(400, str(exc))))
+            except LocalspecError as exc:
+                job.emit(Failed(APIError(500, str(exc), type="server_error")))
+            except Exception as exc:  # a bug must cost one request, not the server
+                log.exception("generation failed")
+                job.emit(Failed(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
+                                         type="server_error")))
+            finally:
+                self._current = None
+
+    def _prompt(self, request: GenerationRequest) -> list[int]:
+        if request.messages is None:
+            return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
+        if not self.has_chat_template:
+            raise APIError(400, f"{self.decoder.target.path.name} has no chat template; "
+                                "send raw text to /v1/completions instead")
+        return Conversation(self.decoder).render(request.messages)
+
+    def _generate(self, job: Job) -> None:
+        request, decoder = job.request, self.decoder
+        prompt = self._prompt(request)
+        n_ctx = decoder.target.n_ctx
+        if len(prompt) >= n_ctx:
+            raise APIError(
+                400, f"the prompt is {len(prompt)} tokens but the context window is {n_ctx} tokens; "
+                     "send a shorter prompt or restart the server with a larger --ctx",
+                code="context_length_exceeded",
+            )
+        # Without a limit, generate until the end of the answer or of the context window.
+        max_tokens = request.max_tokens or self.max_tokens or n_ctx - len(prompt)
+        sampling = replace(self.sampling, **request.sampling_overrides())
+
+        def abandon_if_cancelled(done: int, total: int) -> None:
+            # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
+            if job.cancelled:
+                raise _Cancelled
+
+        steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
+                                 prefill_progress=abandon_if_cancelled)
+        with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
+            for piece in pieces:
+                if job.cancelled:
+                    return
+                job.emit(Piece(piece.text))
+        stats = decoder.stats
+        job.emit(Finished(stats, decoder.controller.method))
+        log.info("%d prompt tokens (%d reused) | %s", stats.prompt_tokens, stats.prompt_tokens - stats.prefill_tokens,
+                 summary_line(stats))

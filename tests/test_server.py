@@ -1,0 +1,423 @@
+"""``localspec serve`` end to end: a real uvicorn server on 127.0.0.1, driven by the official openai client.
+
+The fast tests serve the tiny generated pair; the ``real`` test serves the Qwen pair. Every answer is
+compared with ``localspec run`` for the same messages (greedy), or with a freshly started server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from typer.testing import CliRunner
+
+from localspec.cli.app import app as cli_app
+from localspec.engine.sampling import SamplingParams
+from localspec.server.app import LocalServer, make_app
+from localspec.server.schema import GenerationRequest
+from localspec.server.worker import GenerationWorker, Job
+from localspec.session import ModelOptions, Pair, open_decoder
+
+N_CTX = 1024
+SYSTEM = "You answer in code."
+QUESTION = "the code print x"
+TIMINGS = {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second", "draft_n",
+           "draft_n_accepted", "method"}
+# Every wait on the server is bounded, so a hung server fails the test instead of hanging CI.
+TIMEOUT_S = 60
+# One request to the real pair on a busy 2-core machine (loading the draft, prefill, decoding).
+REAL_TIMEOUT_S = 600
+
+
+def open_worker(target: Path, draft: Path | None, *, n_ctx: int = N_CTX, max_queue: int = 8,
+                threads: int | None = 1) -> GenerationWorker:
+    pair = Pair(target, draft, target.name)
+    decoder = open_decoder(pair, ModelOptions(n_ctx=n_ctx, threads=threads), method="auto")
+    return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=max_queue)
+
+
+@contextmanager
+def serving(worker: GenerationWorker, **app_options):
+    """A real uvicorn server on a free port of 127.0.0.1, in a background thread."""
+    app = make_app(worker, model_name="tiny", **app_options)
+    server = LocalServer(app, worker, host="127.0.0.1", port=0, log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while server.base_url is None:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT_S)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def client(server: LocalServer, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=key, timeout=TIMEOUT_S, max_retries=0)
+
+
+def messages(question: str = QUESTION) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def ask(server: LocalServer, question: str = QUESTION, **options) -> openai.types.chat.ChatCompletion:
+    options = {"max_tokens": 40, "temperature": 0, **options}
+    return client(server).chat.completions.create(model="tiny", messages=messages(question), **options)
+
+
+def ask_streaming(server: LocalServer, question: str = QUESTION, **options) -> tuple[str, list]:
+    options = {"max_tokens": 40, "temperature": 0, **options}
+    chunks = list(client(server).chat.completions.create(model="tiny", messages=messages(question), stream=True,
+                                                           **options))
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+def run_text(*args: str) -> str:
+    result = CliRunner().invoke(cli_app, ["run", "--json", "--threads", "1", "--temp", "0", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["text"]
+
+
+def wait_for(condition) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def wait_until_idle(server: LocalServer) -> None:
+    wait_for(lambda: not httpx.get(server.base_url.removesuffix("/v1") + "/health").json()["busy"])
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_target, tiny_draft):
+    worker = open_worker(tiny_target, tiny_draft)
+    with serving(worker) as server:
+        yield server
+
+
+# -- answers -----------------------------------------------------------------------------------------
+def test_streamed_and_whole_answers_equal_each_other_and_run(tiny_server, tiny_target, tiny_draft):
+    whole = ask(tiny_server)
+    streamed, chunks = ask_streaming(tiny_server)
+    expected = run_text(QUESTION, "--system", SYSTEM, "-n", "40", "--target", str(tiny_target),
+                        "--draft", str(tiny_draft))
+    assert whole.choices[0].message.content == streamed == expected and expected
+
+    assert whole.object == "chat.completion" and whole.model == "tiny" and whole.id.startswith("chatcmpl-")
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens == whole.model_extra["timings"]["predicted_n"] > 0
+    timings = whole.model_extra["timings"]
+    assert TIMINGS <= timings.keys() and timings["method"] == "auto"
+    assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert TIMINGS <= last.model_extra["timings"].keys()
+    assert all("timings" not in c.model_extra for c in chunks[:-1])
+
+
+def test_stream_usage_chunk_comes_last_with_the_figures(tiny_server):
+    _, chunks = ask_streaming(tiny_server, stream_options={"include_usage": True})
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert TIMINGS <= chunks[-1].model_extra["timings"].keys()
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_stop_string_and_max_tokens(tiny_server):
+    full = ask(tiny_server).choices[0].message.content
+    cut = full[len(full) // 2 :][:3]
+    stopped = ask(tiny_server, stop=[cut])
+    assert stopped.choices[0].message.content == full[: full.index(cut)]
+    assert stopped.choices[0].finish_reason == "stop"
+    short = ask(tiny_server, max_tokens=3)
+    assert short.usage.completion_tokens == 3 and short.choices[0].finish_reason == "length"
+
+
+def test_next_turn_reuses_the_cached_conversation(tiny_server):
+    first = ask(tiny_server).choices[0].message.content
+    history = [*messages(), {"role": "assistant", "content": first}, {"role": "user", "content": "hello world"}]
+    second = client(tiny_server).chat.completions.create(model="tiny", messages=history, max_tokens=8, temperature=0)
+    timings = second.model_extra["timings"]
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == timings["cache_n"] and cached > len(first) // 2
+    assert timings["prompt_n"] == second.usage.prompt_tokens - cached
+
+
+def test_completions_endpoint_equals_run_raw(tiny_server, tiny_target, tiny_draft):
+    completion = client(tiny_server).completions.create(model="tiny", prompt="hello world", max_tokens=24,
+                                                         temperature=0)
+    chunks = list(client(tiny_server).completions.create(model="tiny", prompt="hello world", max_tokens=24,
+                                                         temperature=0, stream=True))
+    expected = run_text("hello world", "--raw", "-n", "24", "--target", str(tiny_target), "--draft", str(tiny_draft))
+    assert completion.choices[0].text == "".join(c.choices[0].text for c in chunks) == expected
+    assert completion.object == "text_completion" and TIMINGS <= completion.model_extra["timings"].keys()
+    assert chunks[-1].choices[0].finish_reason == completion.choices[0].finish_reason
+
+
+def test_health_and_models(tiny_server):
+    root = tiny_server.base_url.removesuffix("/v1")
+    assert httpx.get(root + "/health").json() == {"status": "ok", "busy": False, "queued": 0}
+    assert [m.id for m in client(tiny_server).models.list()] == ["tiny"]
+    missing = httpx.get(root + "/v1/nothing")
+    assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "code"}
+    wrong_method = httpx.get(tiny_server.base_url + "/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_two_concurrent_clients_are_both_answered_correctly(tiny_server):
+    questions = ["the code print x", "hello world return"]
+    expected = {q: ask(tiny_server, q).choices[0].message.content for q in questions}
+    answers: dict[str, str] = {}
+
+    def answer(question: str) -> None:
+        answers[question] = ask_streaming(tiny_server, question)[0]
+
+    threads = [threading.Thread(target=answer, args=(q,)) for q in questions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    assert answers == expected
+
+
+# -- stopping and queueing -----------------------------------------------------------------------------
+def test_disconnect_stops_the_generation_and_leaves_the_caches_consistent(tiny_target, tiny_draft):
+    # A long context, so that the whole answer would take seconds even for the tiny model.
+    n_ctx = 8192
+    worker = open_worker(tiny_target, tiny_draft, n_ctx=n_ctx)
+    with serving(worker) as server:
+        body = {"model": "tiny", "messages": messages(), "stream": True, "temperature": 0, "max_tokens": n_ctx}
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=TIMEOUT_S) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")  # the opening chunk
+            next(lines)
+            assert next(lines).startswith("data: ")  # generation is under way
+        wait_until_idle(server)
+        stats = worker.decoder.stats
+        # Closed early (no stop reason), long before the context filled up.
+        assert stats.stop_reason is None and stats.generated_tokens < n_ctx // 2
+        # A client that gives up waiting for a whole (non-streamed) answer stops it too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.base_url + "/chat/completions", json={**body, "stream": False}, timeout=0.5)
+        wait_until_idle(server)
+        assert worker.decoder.stats is not stats  # this request did start generating
+        stats = worker.decoder.stats
+        assert stats.stop_reason is None and stats.generated_tokens < n_ctx // 2
+        after = ask(server).choices[0].message.content
+        after_other = ask(server, "hello world").choices[0].message.content
+    with serving(open_worker(tiny_target, tiny_draft, n_ctx=n_ctx)) as fresh:
+        assert ask(fresh).choices[0].message.content == after
+        assert ask(fresh, "hello world").choices[0].message.content == after_other
+
+
+def test_a_full_queue_answers_429(tiny_target, tiny_draft):
+    worker = open_worker(tiny_target, tiny_draft, max_queue=1)
+    release = threading.Event()
+    # A job that holds the worker until released: its first piece waits here, on the worker thread.
+    blocker = Job(GenerationRequest(messages=messages(), max_tokens=4), lambda event: release.wait(TIMEOUT_S))
+    with serving(worker) as server:
+        worker.submit(blocker)
+        wait_for(lambda: worker.busy)
+        queued: list = []
+        waiting = threading.Thread(target=lambda: queued.append(ask(server)))
+        waiting.start()
+        wait_for(lambda: worker.queued == 1)
+        with pytest.raises(openai.RateLimitError) as refused:
+            ask(server)
+        assert refused.value.status_code == 429
+        assert refused.value.body["code"] == "queue_full" and refused.value.body["type"] == "rate_limit_error"
+        release.set()
+        waiting.join(TIMEOUT_S)
+        assert queued and queued[0].choices[0].message.content
+
+
+# -- security ----------------------------------------------------------------------------------------
+def test_api_key_is_required_and_never_echoed(tiny_target, tiny_draft):
+    with serving(open_worker(tiny_target, tiny_draft), api_key="s3cret-key") as server:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client(server, key="wrong-guess-123").models.list()
+        assert refused.value.status_code == 401
+        assert "wrong-guess-123" not in refused.value.response.text
+        assert "s3cret-key" not in refused.value.response.text
+        no_header = httpx.post(server.base_url + "/chat/completions", json={"messages": messages()})
+        assert no_header.status_code == 401 and set(no_header.json()["error"]) == {"message", "type", "code"}
+        answer = client(server, key="s3cret-key").chat.completions.create(model="tiny", messages=messages(),
+                                                                          max_tokens=4)
+        assert answer.choices[0].message.content is not None
+        assert httpx.get(server.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_cors_only_for_the_given_origin(tiny_target):
+    origin = "http://localhost:3000"
+    worker = open_worker(tiny_target, None)
+    with serving(worker) as server:
+        plain = httpx.get(server.base_url + "/models", headers={"Origin": origin})
+        assert "access-control-allow-origin" not in plain.headers
+    with serving(open_worker(tiny_target, None), cors_origin=origin) as server:
+        allowed = httpx.get(server.base_url + "/models", headers={"Origin": origin})
+        assert allowed.headers["access-control-allow-origin"] == origin
+        other = httpx.get(server.base_url + "/models", headers={"Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+def chat_body(**fields) -> dict:
+    return {"model": "tiny", "messages": messages(), "max_tokens": 4, **fields}
+
+
+BAD_REQUESTS = [
+    ("malformed JSON", b'{"messages": [', 400, "invalid_json"),
+    ("not an object", b"[1, 2]", 400, "invalid_json"),
+    ("no messages", {"model": "tiny"}, 400, "missing_messages"),
+    ("empty messages", chat_body(messages=[]), 400, "missing_messages"),
+    ("messages not a list", chat_body(messages="hi"), 400, "missing_messages"),
+    ("message not an object", chat_body(messages=["hi"]), 400, "invalid_value"),
+    ("unknown role", chat_body(messages=[{"role": "wizard", "content": "hi"}]), 400, "invalid_role"),
+    ("tool role", chat_body(messages=[{"role": "tool", "content": "hi"}]), 400, "invalid_role"),
+    ("content a number", chat_body(messages=[{"role": "user", "content": 5}]), 400, "invalid_value"),
+    ("image part", chat_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     400, "invalid_value"),
+    ("temperature a string", chat_body(temperature="hot"), 400, "invalid_value"),
+    ("temperature true", chat_body(temperature=True), 400, "invalid_value"),
+    ("temperature out of range", chat_body(temperature=9), 400, "invalid_value"),
+    ("max_tokens negative", chat_body(max_tokens=-1), 400, "invalid_value"),
+    ("max_tokens fractional", chat_body(max_tokens=2.5), 400, "invalid_value"),
+    ("stream a string", chat_body(stream="yes"), 400, "invalid_value"),
+    ("stop a number", chat_body(stop=7), 400, "invalid_value"),
+    ("n > 1", chat_body(n=2), 400, "invalid_value"),
+    ("tools", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
+    ("penalty", chat_body(presence_penalty=1.0), 400, "unsupported_parameter"),
+    ("logprobs", chat_body(logprobs=True), 400, "unsupported_parameter"),
+]
+
+
+@pytest.mark.parametrize("body, status, code", [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_input_gets_an_openai_error(tiny_server, body, status, code):
+    sent = {"content": body} if isinstance(body, bytes) else {"json": body}
+    response = httpx.post(tiny_server.base_url + "/chat/completions", timeout=TIMEOUT_S,
+                          headers={"Content-Type": "application/json"}, **sent)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code"} and error["code"] == code
+    assert error["type"] == "invalid_request_error" and "Traceback" not in error["message"]
+
+
+def test_bad_completion_requests(tiny_server):
+    for body in ({"prompt": ""}, {"prompt": [1, 2, 3]}, {"prompt": "hi", "echo": True}, {"prompt": "hi", "best_of": 3}):
+        response = httpx.post(tiny_server.base_url + "/completions", json=body)
+        assert response.status_code == 400 and set(response.json()["error"]) == {"message", "type", "code"}, body
+
+
+def test_a_prompt_longer_than_the_context_is_refused_with_the_counts(tiny_server):
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(tiny_server, "x " * N_CTX)
+    error = refused.value.body
+    assert error["code"] == "context_length_exceeded"
+    assert f"context window is {N_CTX} tokens" in error["message"]
+    prompt_tokens = int(error["message"].split("the prompt is ")[1].split(" tokens")[0])
+    assert prompt_tokens > N_CTX
+    # A streaming request gets the same HTTP error, before any event.
+    with pytest.raises(openai.BadRequestError):
+        ask_streaming(tiny_server, "x " * N_CTX)
+    assert ask(tiny_server, max_tokens=2).usage.completion_tokens == 2  # and the server carries on
+
+
+def test_an_oversized_body_is_refused(tiny_server):
+    big = json.dumps(chat_body(messages=[{"role": "user", "content": "x" * (5 * 1024 * 1024)}]))
+    response = httpx.post(tiny_server.base_url + "/chat/completions", content=big, timeout=TIMEOUT_S,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+
+
+# -- the command ---------------------------------------------------------------------------------------
+def test_serve_command_prints_the_url_and_stops_on_ctrl_c_without_leaking_secrets(tiny_target, tiny_draft):
+    key, token = "k3y-never-shown", "hf_token_never_shown"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_TOKEN": token, "LOCALSPEC_API_KEY": key}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "serve", "--target", str(tiny_target), "--draft", str(tiny_draft),
+         "--port", "0", "--threads", "1", "--ctx", "8192"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert "http://127.0.0.1:" in first, first + proc.stderr.read()
+        base_url = first.split(" at ")[1].strip()
+        answer = openai.OpenAI(base_url=base_url, api_key=key, timeout=TIMEOUT_S, max_retries=0)
+        assert answer.chat.completions.create(model="x", messages=messages(), max_tokens=4).choices
+        # Ctrl-C while an answer streams: the stream ends with an error event, the server exits at once.
+        body = {"messages": messages(), "stream": True, "max_tokens": 8000}  # seconds of work
+        with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=TIMEOUT_S,
+                          headers={"Authorization": f"Bearer {key}"}) as streaming:
+            lines = streaming.iter_lines()
+            assert next(lines).startswith("data: ")
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+            rest = [line for line in lines if line]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "stopped" in stderr and "Traceback" not in stderr
+    assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "shutting_down"
+    assert stdout == ""  # stdout carries only the base URL; the access log goes to stderr
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in stderr
+    assert "prompt tokens (0 reused) | 4 tokens" in stderr  # each answer's figures
+    for secret in (key, token):
+        assert secret not in first + stdout + stderr
+
+
+def test_serve_names_the_fix_when_the_port_is_taken(tiny_target):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli_app, ["serve", "--target", str(tiny_target), "--port", str(port),
+                                              "--threads", "1"])
+    assert result.exit_code == 2 and "pick another --port" in result.output
+
+
+def test_serve_refuses_another_interface_without_a_key(tiny_target):
+    result = CliRunner().invoke(cli_app, ["serve", "--target", str(tiny_target), "--host", "0.0.0.0"],
+                                env={"LOCALSPEC_API_KEY": ""})
+    assert result.exit_code == 2 and "--api-key" in result.output and "Traceback" not in result.output
+
+
+# -- the real pair ---------------------------------------------------------------------------------------
+@pytest.mark.real
+def test_real_pair_stream_whole_and_run_agree(qwen_pair):
+    target, draft = qwen_pair
+    question = "Write a Python function that returns the square of a number."
+    worker = open_worker(target, draft, n_ctx=1024, threads=None)
+    with serving(worker) as server:
+        whole = ask(server, question, max_tokens=24, timeout=REAL_TIMEOUT_S)  # a fresh server's answer
+        streamed, chunks = ask_streaming(server, question, max_tokens=24, timeout=REAL_TIMEOUT_S)
+        followup = [*messages(question), {"role": "assistant", "content": streamed},
+                    {"role": "user", "content": "Now rename it."}]
+        second = client(server).chat.completions.create(model="x", messages=followup, max_tokens=8, temperature=0,
+                                                        timeout=REAL_TIMEOUT_S)
+        body = {"messages": followup, "stream": True, "temperature": 0, "max_tokens": 200}
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=REAL_TIMEOUT_S) as response:
+            lines = response.iter_lines()
+            for _ in range(6):  # the opening chunk and two pieces, each line followed by a blank one
+                next(lines)
+        wait_until_idle(server)
+        assert worker.decoder.stats.stop_reason is None and worker.decoder.stats.generated_tokens < 200
+        again = ask(server, question, max_tokens=24, timeout=REAL_TIMEOUT_S)
+    expected = run_text(question, "--system", SYSTEM, "-n", "24", "--target", str(target), "--draft", str(draft),
+                        "--ctx", "1024", "--threads", str(worker.decoder.target.n_threads))
+    assert whole.choices[0].message.content == streamed == expected == again.choices[0].message.content
+    assert TIMINGS <= chunks[-1].model_extra["timings"].keys()
+    assert second.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens

@@ -1,0 +1,34 @@
+"""GenerationStats: the figures every viewer shows, and pooling them over several generations."""
+
+from __future__ import annotations
+
+from localspec.engine.stats import GenerationStats, judged
+
+
+def _recorded(rounds: list[tuple[str, int, int]], tokens: int) -> GenerationStats:
+    stats = GenerationStats(generated_tokens=tokens)
+    for method, drafted, accepted in rounds:
+        stats.record_round(method, drafted, accepted)
+    return stats
+
+
+def test_a_round_judges_drafts_up_to_the_first_rejection():
+    assert [judged(4, a) for a in range(5)] == [1, 2, 3, 4, 4]
+    assert judged(0, 0) == 0
+
+
+def test_per_position_acceptance_counts_only_positions_reached():
+    stats = _recorded([("lookup", 4, 1), ("lookup", 2, 2), ("draft", 3, 0)], tokens=8)
+    assert stats.per_position_drafted == [3, 2, 0, 0]
+    assert stats.per_position_accepted == [2, 1, 0, 0]
+    assert stats.acceptance_rate == 3 / 9 and stats.mean_accepted_length == 8 / 3
+
+
+def test_pooled_figures_equal_those_of_one_generation_with_every_round():
+    first = [("lookup", 4, 1), ("none", 0, 0)]
+    second = [("lookup", 6, 6), ("draft", 2, 0), ("lookup", 1, 1)]
+    pooled = GenerationStats.pooled([_recorded(first, 3), _recorded(second, 12)])
+    together = _recorded(first + second, 15)
+    for key in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "per_position_drafted",
+                "by_method", "drafted", "accepted", "target_passes", "generated_tokens"):
+        assert pooled.to_dict()[key] == together.to_dict()[key], key
