@@ -120,8 +120,7 @@ class PreparedPrompt:
     prompt: BenchPrompt
     tokens: list[int]
     cached: int  # tokens a real session would already hold in its KV caches (earlier turns)
-    text: str = ""  # the templated text ``tokens`` come from (special tokens parsed, BOS added if ``add_bos``)
-    add_bos: bool = False
+    text: str = ""  # the templated text ``tokens`` come from (special tokens parsed; a BOS if the model adds one)
 
 
 def compare_tokens(
@@ -222,7 +221,7 @@ class BenchRunner:
         tokens = conversation.prompt_tokens(reserve=max_tokens)
         if len(prompt.turns) > 1:
             cached = self.target.common_prefix(tokens)  # what the chat's KV cache holds after the last answer
-        return PreparedPrompt(prompt, tokens, cached, *conversation.render_text())
+        return PreparedPrompt(prompt, tokens, cached, conversation.render_text()[0])
 
     def warm_up(self, item: PreparedPrompt) -> None:
         """Untimed: load the draft, let every controller measure its first costs, warm llama.cpp's buffers."""
