@@ -28,6 +28,7 @@ class GenerationStats:
     first_token_s: float | None = None  # time to first token, from the start of the generation
     stop_reason: str | None = None
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
+    draft_status: str | None = None  # whether auto uses the draft model and why; None without one
 
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -103,4 +104,5 @@ class GenerationStats:
             "prefill_tok_per_s": round(self.prefill_tok_per_s, 2),
             "stop_reason": self.stop_reason,
             "controller": self.controller,
+            "draft_status": self.draft_status,
         }
