@@ -39,8 +39,8 @@ class DraftModelProposer:
     """A small model of the same tokenizer that drafts up to k tokens per round.
 
     Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
-    one or two catch-up tokens (a longer catch-up is its own batch, see STEADY_CATCH_UP). Drafting stops early when the draft's own top probability falls below
-    ``min_confidence``: a token it is unsure of is rarely accepted and still costs a target row.
+    one or two catch-up tokens (a longer catch-up is a batch of its own, see STEADY_CATCH_UP). Drafting
+    stops early when the draft's own top probability falls below ``min_confidence``: a token it is unsure of is rarely accepted and still costs a target row.
     The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
     """
 
@@ -62,8 +62,7 @@ class DraftModelProposer:
     def catch_up(self, context: Sequence[int]) -> int:
         """How many context tokens the next ``propose`` evaluates as a batch before its steps (nearly the
         whole context before the first use)."""
-        behind = len(context) - (min(self._model.common_prefix(context), len(context) - 1) if self._model else 0)
-        return behind - 1 if behind > STEADY_CATCH_UP else 0
+        return _split_catch_up(self._model.common_prefix(context) if self._model else 0, len(context))[1]
 
     def propose(
         self,
@@ -73,12 +72,10 @@ class DraftModelProposer:
         rng: np.random.Generator,
     ) -> Draft:
         model = self.model
-        # Re-evaluate at least the last context token: its logits give the first draft token.
-        keep = min(model.common_prefix(context), len(context) - 1)
+        keep, batch = _split_catch_up(model.common_prefix(context), len(context))
         model.rollback(keep)
         max_tokens = min(max_tokens, model.n_ctx - len(context))
         started = perf_counter()
-        batch = len(context) - keep - 1 if len(context) - keep > STEADY_CATCH_UP else 0
         if batch:
             model.eval(context[keep : keep + batch], n_logits=0)
         catch_up_s = perf_counter() - started
@@ -114,3 +111,12 @@ class DraftModelProposer:
         if self._model is not None:
             self._model.close()
             self._model = None
+
+
+def _split_catch_up(common: int, length: int) -> tuple[int, int]:
+    """(tokens of the KV cache kept, tokens to evaluate as a batch before the first step) for a context
+    of ``length`` tokens whose first ``common`` the cache holds. At least the last context token is
+    evaluated again, by the first step: its logits give the first draft token."""
+    keep = min(common, length - 1)
+    behind = length - keep
+    return keep, (behind - 1 if behind > STEADY_CATCH_UP else 0)
