@@ -244,3 +244,19 @@ def test_auto_gives_up_a_draft_that_never_pays(make_tiny_model, tiny_target, bas
         assert generate(decoder, prompt) == expected
         assert "draft" not in decoder.stats.rounds_by_method
     assert draft.model.tokens == held[: len(draft.model.tokens)]  # rolled back, never fed again
+
+
+def test_draft_catch_up_is_priced_as_proposed(tiny_target, tiny_draft, baselines):
+    """What the controller is told a catch-up will cost is the batch propose then evaluates."""
+    draft = DraftModelProposer(lambda: LlamaModel(tiny_draft, n_ctx=512, n_threads=1), min_confidence=0.0)
+    prompt, expected = baselines[1]
+    rng = np.random.default_rng(0)
+    assert draft.catch_up(prompt) == len(prompt) - 1  # the last token is the first step
+    first = draft.propose(prompt, 3, SamplingParams(), rng)
+    assert (first.catch_up_tokens, first.steps) == (len(prompt) - 1, 3)
+    context = prompt + first.tokens[:2] + [expected[0]]
+    assert draft.catch_up(context) == 0  # in step: the accepted tokens are evaluated by the first step
+    second = draft.propose(context, 2, SamplingParams(), rng)
+    assert (second.catch_up_tokens, second.steps) == (0, 2)
+    draft.sync(context)
+    assert draft.catch_up(context + expected[:10]) == 9
