@@ -266,7 +266,7 @@ class Controller:
             return f"not used: --method {self.method}"
         if self.draft_off is not None:
             return f"off for this session: {self.draft_off}"
-        return self._draft_declined or "in use: it beat the target alone at the latest choice"
+        return self._draft_declined or "in use: expected to beat the target alone at the latest choice"
 
     # -- decisions -------------------------------------------------------------------------------
     def _best(self, source: str, acceptance: float, k_max: int, step_cost: float) -> Plan | None:
@@ -305,7 +305,8 @@ class Controller:
         none = self._none_rate()
         if best.expected_rate <= rival.expected_rate:
             if best.expected_rate > none:
-                return None  # prompt lookup does better this round
+                self._draft_declined = "not used at the latest choice: prompt lookup was expected to do better"
+                return None
             self._draft_declined = (
                 f"not used: at {self._draft.rate:.0%} acceptance and a step of "
                 f"{step / self._pass_cost[1]:.2f} target steps ({measured}), drafting would run at "
