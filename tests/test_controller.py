@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.controller import PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES, Controller, expected_tokens
+from localspec.engine.controller import (
+    COST_WINDOW,
+    PRIOR_BATCH_SLOPE,
+    TRUSTED_SAMPLES,
+    Controller,
+    expected_tokens,
+)
 from localspec.errors import UsageError
 
 # Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).
@@ -196,3 +202,15 @@ def test_an_unused_draft_keeps_its_acceptance_estimate():
         controller.record_round("none", 0, 0, 0)
     assert controller.acceptance("draft") == low
     assert controller.plan(lookup_available=0, lookup_match_len=0).method == "none"
+
+
+def test_a_slow_spell_leaves_no_stale_costs():
+    """Passes are kept relative to the one-token pass of their time: once another process stops slowing
+    the machine, sizes measured during the spell are not priced at its absolute times."""
+    controller = measured({b: 10 * s for b, s in CPU.items()}, method="auto")
+    teach(controller, "lookup", 4, 0.95)
+    for _ in range(COST_WINDOW):
+        controller.record_round("none", 0, 0, 0)
+        controller.record_pass(1, CPU[1])
+    assert controller.pass_cost(9) == pytest.approx(CPU[9])
+    assert controller.plan(lookup_available=64, lookup_match_len=4).method == "lookup"

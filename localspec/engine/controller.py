@@ -121,9 +121,14 @@ class Controller:
         self.draft_cost_ratio = draft_cost_ratio
         self._limits = (lookup_max, draft_max)
         self.configure(method, draft_len)
+        # One-token passes in seconds; larger passes relative to the one-token cost of their time, so a
+        # spell when another process slows the machine leaves no stale absolute cost for sizes that are
+        # then no longer in use.
         self._pass_samples: dict[int, deque[float]] = {}
-        self._pass_cost: dict[int, float] = {}
+        self._one: float | None = None
+        self._relative: dict[int, float] = {}
         self._sizes: list[int] = []  # the measured batch sizes, sorted
+        self._unscaled: list[tuple[int, float]] = []  # passes measured before any one-token pass
         self._draft_step: float | None = None
         self._catch_up_per_token: float | None = None
         self._overhead = 0.0
@@ -148,11 +153,28 @@ class Controller:
 
     # -- measurements ----------------------------------------------------------------------------
     def record_pass(self, batch_size: int, seconds: float) -> None:
+        if batch_size != 1:
+            if self._one is None:
+                self._unscaled.append((batch_size, seconds))
+            else:
+                self._add_sample(batch_size, seconds / self._one)
+            return
+        self._one = self._add_sample(1, seconds)
+        self._relative[1] = 1.0
+        for batch, unscaled in self._unscaled:
+            self._add_sample(batch, unscaled / self._one)
+        self._unscaled.clear()
+
+    def _add_sample(self, batch_size: int, value: float) -> float:
         samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
-        samples.append(seconds)
-        if batch_size not in self._pass_cost:
-            self._sizes = sorted((*self._pass_cost, batch_size))
-        self._pass_cost[batch_size] = statistics.median(samples)
+        samples.append(value)
+        if batch_size not in self._relative:
+            self._sizes = sorted((*self._relative, batch_size))
+        median = self._relative[batch_size] = statistics.median(samples)
+        return median
+
+    def _measured(self, batch_size: int) -> float:
+        return self._one * self._relative[batch_size]
 
     def record_draft(self, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
         """One round of the draft model: a catch-up batch (0 tokens when it was in step), then its steps."""
@@ -192,12 +214,12 @@ class Controller:
         short drafts from probing at a loss; erring low far from them lets long drafts be tried, and a
         size in use is measured after one round.
         """
-        measured = self._pass_cost.get(batch_size)
-        if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
-            return measured
-        one = self._pass_cost.get(1)
+        one = self._one
         if one is None:
             return None
+        measured = self._measured(batch_size) if batch_size in self._relative else None
+        if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
+            return measured
         estimate = self._estimate_pass(batch_size, one)
         # A size measured once or twice may have been slowed by another process: a guess from the other
         # sizes keeps it in use until more samples settle it.
@@ -210,14 +232,14 @@ class Controller:
         if i < len(sizes) and sizes[i] == batch_size:
             i += 1
         above = sizes[i] if i < len(sizes) else None
-        low = self._pass_cost[below]
+        low = self._measured(below)
         # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
         slope = PRIOR_BATCH_SLOPE * one
         if below >= MIN_SLOPE_BATCH:
             slope = (low - one) / (below - 1)
         if above is None:
             return low + slope * (batch_size - below)
-        high = self._pass_cost[above]
+        high = self._measured(above)
         reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
         estimate = min(low + slope * (min(batch_size, reach) - below), high)
         if batch_size > reach:
@@ -228,8 +250,7 @@ class Controller:
     def draft_step_cost(self) -> float | None:
         if self._draft_step is not None:
             return self._draft_step
-        one = self._pass_cost.get(1)
-        return None if one is None else one * self.draft_cost_ratio
+        return None if self._one is None else self._one * self.draft_cost_ratio
 
     def catch_up_cost(self, tokens: int) -> float:
         """Seconds the draft model spends on a catch-up batch of ``tokens`` before its steps.
@@ -240,13 +261,13 @@ class Controller:
         per_token = self._catch_up_per_token
         if per_token is None:
             largest = self._sizes[-1] if self._sizes else None
-            per_token = 0.0 if largest is None else self._pass_cost[largest] / largest * self.draft_cost_ratio
+            per_token = 0.0 if largest is None else self._measured(largest) / largest * self.draft_cost_ratio
         return tokens * per_token
 
     def costs(self) -> dict:
         """The controller's current beliefs, for stats and the live view."""
         return {
-            "pass_s": {b: round(s, 5) for b, s in sorted(self._pass_cost.items())},
+            "pass_s": {b: round(self._measured(b), 5) for b in self._sizes},
             "draft_step_s": None if self._draft_step is None else round(self._draft_step, 5),
             "draft_catch_up_s_per_token": None
             if self._catch_up_per_token is None
@@ -280,7 +301,7 @@ class Controller:
         return best
 
     def _none_rate(self) -> float:
-        return 1.0 / (self._pass_cost[1] + self._overhead)
+        return 1.0 / (self._one + self._overhead)
 
     def _check_draft(self) -> None:
         """Give the draft model up for the session once its measured costs show it cannot pay."""
@@ -292,7 +313,7 @@ class Controller:
         none = self._none_rate()
         if best.expected_rate <= none:
             self.draft_off = (
-                f"a draft step costs {step / self._pass_cost[1]:.2f} of a target step (measured), so even "
+                f"a draft step costs {step / self._one:.2f} of a target step (measured), so even "
                 f"at {hopeful:.0%} acceptance drafting would run at {best.expected_rate / none:.2f}x the target alone"
             )
 
@@ -309,7 +330,7 @@ class Controller:
                 return None
             self._draft_declined = (
                 f"not used: at {self._draft.rate:.0%} acceptance and a step of "
-                f"{step / self._pass_cost[1]:.2f} target steps ({measured}), drafting would run at "
+                f"{step / self._one:.2f} target steps ({measured}), drafting would run at "
                 f"{best.expected_rate / none:.2f}x the target alone"
             )
             return None
