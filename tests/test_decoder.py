@@ -223,3 +223,40 @@ def test_same_seed_same_output(spread_pair):
     assert generate(decoder, prompt, 30, sp) == generate(decoder, prompt, 30, sp)
 
 
+
+
+def test_auto_gives_up_a_draft_that_never_pays(make_tiny_model, tiny_target, baselines):
+    """The catch-up loss: auto tried the draft, whose first use evaluates the whole prompt, then retried it
+    after ever longer gaps. Here a draft ten times dearer per step than its target, wrongly priced as
+    nearly free, is tried once, measured, and then left off for the rest of the session, and the stats
+    say why."""
+    slow = make_tiny_model("slow-draft", seed=3, n_layers=4, n_embd=256, n_ff=1024, logit_scale=8.0)
+    target = LlamaModel(tiny_target, n_ctx=512, n_threads=1)
+    draft = DraftModelProposer(lambda: LlamaModel(slow, n_ctx=512, n_threads=1))
+    decoder = SpeculativeDecoder(target, draft=draft, method="auto", draft_cost_ratio=0.01)
+    prompt, expected = baselines[1]
+    assert generate(decoder, prompt) == expected
+    assert 1 <= decoder.stats.rounds_by_method.get("draft", 0) <= 2
+    assert decoder.stats.draft_status.startswith("off for this session: a draft step costs")
+    assert decoder.stats.to_dict()["draft_status"] == decoder.stats.draft_status
+    held = list(draft.model.tokens)
+    for prompt, expected in baselines:
+        assert generate(decoder, prompt) == expected
+        assert "draft" not in decoder.stats.rounds_by_method
+    assert draft.model.tokens == held[: len(draft.model.tokens)]  # rolled back, never fed again
+
+
+def test_draft_catch_up_is_priced_as_proposed(tiny_target, tiny_draft, baselines):
+    """What the controller is told a catch-up will cost is the batch propose then evaluates."""
+    draft = DraftModelProposer(lambda: LlamaModel(tiny_draft, n_ctx=512, n_threads=1), min_confidence=0.0)
+    prompt, expected = baselines[1]
+    rng = np.random.default_rng(0)
+    assert draft.catch_up(prompt) == len(prompt) - 1  # the last token is the first step
+    first = draft.propose(prompt, 3, SamplingParams(), rng)
+    assert (first.catch_up_tokens, first.steps) == (len(prompt) - 1, 3)
+    context = prompt + first.tokens[:2] + [expected[0]]
+    assert draft.catch_up(context) == 0  # in step: the accepted tokens are evaluated by the first step
+    second = draft.propose(context, 2, SamplingParams(), rng)
+    assert (second.catch_up_tokens, second.steps) == (0, 2)
+    draft.sync(context)
+    assert draft.catch_up(context + expected[:10]) == 9

@@ -1,16 +1,25 @@
 """Picks, every round, the method and draft length with the highest expected tokens per second.
 
-It measures what a target pass costs for each batch size, what a draft-model step costs and the
-Python overhead per round, and keeps a running acceptance estimate per proposer (per n-gram match
-length for prompt lookup). With acceptance a per drafted token (geometric model), drafting k tokens
-yields 1 + a + a^2 + ... + a^k tokens for one target pass of k + 1 tokens plus k draft steps; "none"
-yields one token for a pass of one. Where nothing beats "none", it does not speculate.
+Every cost is measured: a target pass per batch size, a draft-model step, the draft model's catch-up
+(before drafting it evaluates every token since its last use, the whole context the first time) and the
+Python overhead per round. Acceptance is a running estimate per proposer (per n-gram match length for
+prompt lookup). With acceptance a per drafted token (geometric model), drafting k tokens yields
+1 + a + a^2 + ... + a^k tokens for one target pass of k + 1 tokens plus k draft steps; "none" yields one
+token for a pass of one. Where nothing beats "none", it does not speculate.
+
+A draft model's catch-up is paid once and repaid by the rounds after it, so in ``auto`` the draft is used
+only when its saving per token over the answer's expected remaining length exceeds its catch-up. Once
+its measured costs show it cannot beat the target alone even at a hopeful acceptance, ``auto`` leaves it
+off for the session and ``draft_status`` says why.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.engine.backend import MAX_VERIFY_BATCH
@@ -23,9 +32,10 @@ DRAFT_MODEL_METHODS = ("draft", "hybrid")
 DEFAULT_LOOKUP_MAX = 64
 MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus the drafts
 DEFAULT_DRAFT_MAX = 16
-# Until a batch size is measured, assume each extra token adds this share of a one-token pass
-# (slightly optimistic: a wrong guess is measured and corrected after one round).
-PRIOR_BATCH_SLOPE = 0.2
+# Until a batch size is measured, assume each extra token adds this share of a one-token pass. A 2-core
+# CPU pays about a third of a pass per extra token in small batches; erring high keeps the first rounds
+# of an answer from probing at a loss, and a size in use is measured after one round.
+PRIOR_BATCH_SLOPE = 0.35
 MIN_SLOPE_BATCH = 4
 # Prior acceptance per drafted token, and how many rounds' worth of belief the prior carries.
 # Keyed by match length (4 stands for 4-7): a match of 8 tokens or more is a copy in progress, the
@@ -33,13 +43,21 @@ MIN_SLOPE_BATCH = 4
 PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.92, 32: 0.96}
 PRIOR_DRAFT_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 3.0
-# Observations fade each round, so an estimate follows the text and an option written off long ago
-# drifts back toward its prior and gets tried again.
+# Lookup observations fade each round, so an estimate follows the text and an option written off long
+# ago drifts back toward its prior and gets tried again (a lookup probe costs one short pass). The draft
+# model's estimate fades only as it is used: trying it again costs a catch-up.
 FORGET = 0.98
 COST_EMA = 0.3
 # Pass costs are the median of the last few measurements: one pass slowed by another process on a
 # shared machine must not write off a batch size for the rest of the answer.
 COST_WINDOW = 7
+# A batch size with fewer samples than this is not yet trusted.
+TRUSTED_SAMPLES = 3
+# An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
+MIN_EXPECTED_REMAINING = 32
+# The draft model is switched off once it loses to the target alone even at its acceptance estimate plus
+# this many standard deviations.
+HOPEFUL_SIGMAS = 2.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,12 @@ class _Acceptance:
     @property
     def rate(self) -> float:
         return (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
+
+    @property
+    def hopeful(self) -> float:
+        """The rate plus HOPEFUL_SIGMAS standard deviations: what it might still turn out to be."""
+        rate = self.rate
+        return min(1.0, rate + HOPEFUL_SIGMAS * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged)))
 
     def record(self, drafted: int, accepted: int) -> None:
         self.accepted += accepted
@@ -97,7 +121,7 @@ class Controller:
         method: one of METHODS; fixed methods still let the controller pick k unless ``draft_len`` is set.
         draft_len: fixed draft length, or None to let the controller choose (capped by it in "auto").
         draft_cost_ratio: prior for (draft step time / one-token target pass) before it is measured,
-            e.g. the ratio of the model file sizes.
+            e.g. the ratio of the model file sizes; also scales the prior for the draft's catch-up.
     """
 
     def __init__(
@@ -114,12 +138,21 @@ class Controller:
         self.draft_cost_ratio = draft_cost_ratio
         self._limits = (lookup_max, draft_max)
         self.configure(method, draft_len)
+        # One-token passes in seconds; larger passes relative to the one-token cost of their time, so a
+        # spell when another process slows the machine leaves no stale absolute cost for sizes that are
+        # then no longer in use.
         self._pass_samples: dict[int, deque[float]] = {}
-        self._pass_cost: dict[int, float] = {}
+        self._one: float | None = None
+        self._relative: dict[int, float] = {}
+        self._sizes: list[int] = []  # the measured batch sizes, sorted
+        self._unscaled: list[tuple[int, float]] = []  # passes measured before any one-token pass
         self._draft_step: float | None = None
+        self._catch_up_per_token: float | None = None
         self._overhead = 0.0
         self._lookup = {bucket: _Acceptance(a) for bucket, a in PRIOR_LOOKUP_ACCEPTANCE.items()}
         self._draft = _Acceptance(PRIOR_DRAFT_ACCEPTANCE)
+        self.draft_off: str | None = None  # why auto no longer uses the draft model, once it has given up
+        self._draft_declined: str | None = None  # why auto passed over the draft model last time
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -134,25 +167,48 @@ class Controller:
 
     # -- measurements ----------------------------------------------------------------------------
     def record_pass(self, batch_size: int, seconds: float) -> None:
-        samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
-        samples.append(seconds)
-        self._pass_cost[batch_size] = statistics.median(samples)
-
-    def record_draft_step(self, steps: int, seconds: float) -> None:
-        if steps <= 0:
+        if batch_size != 1:
+            if self._one is None:
+                self._unscaled.append((batch_size, seconds))
+            else:
+                self._add_sample(batch_size, seconds / self._one)
             return
-        per_step = seconds / steps
-        old = self._draft_step
-        self._draft_step = per_step if old is None else old + COST_EMA * (per_step - old)
+        self._one = self._add_sample(1, seconds)
+        self._relative[1] = 1.0
+        for batch, unscaled in self._unscaled:
+            self._add_sample(batch, unscaled / self._one)
+        self._unscaled.clear()
+
+    def _add_sample(self, batch_size: int, value: float) -> float:
+        samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
+        samples.append(value)
+        if batch_size not in self._relative:
+            self._sizes = sorted((*self._relative, batch_size))
+        median = self._relative[batch_size] = statistics.median(samples)
+        return median
+
+    def _measured(self, batch_size: int) -> float:
+        return self._one * self._relative[batch_size]
+
+    def record_draft(self, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
+        """One round of the draft model: a catch-up batch (0 tokens when it was in step), then its steps."""
+        if catch_up_tokens:
+            self._catch_up_per_token = _ema(self._catch_up_per_token, catch_up_s / catch_up_tokens)
+        if steps:
+            self._draft_step = _ema(self._draft_step, steps_s / steps)
 
     def record_overhead(self, seconds: float) -> None:
         self._overhead += COST_EMA * (seconds - self._overhead)
 
     def record_round(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
-        for estimate in (*self._lookup.values(), self._draft):
+        for estimate in self._lookup.values():
             estimate.forget()
+        if source == "draft":
+            self._draft.forget()
         if drafted:
             self._estimate(source, match_len).record(drafted, accepted)
+        if source == "draft" and self.method == "auto" and self.draft_off is None:
+            self._check_draft()
 
     def _estimate(self, source: str, match_len: int) -> _Acceptance:
         if source == "lookup":
@@ -163,40 +219,89 @@ class Controller:
         return self._estimate(source, match_len).rate
 
     def pass_cost(self, batch_size: int) -> float | None:
-        """Measured (or, for unmeasured sizes, interpolated or extrapolated) seconds for a target pass."""
-        if batch_size in self._pass_cost:
-            return self._pass_cost[batch_size]
-        one = self._pass_cost.get(1)
+        """Measured seconds for a target pass, or an estimate for an unmeasured size.
+
+        From the measured size below, the cost grows at the slope measured up to it (the prior slope
+        before there is one); that slope is trusted up to twice the size, and beyond, toward the next
+        measured size, the cost follows a straight line to it (a large pass, usually a prefill, is
+        cheaper per token: kernels switch, fixed costs spread). Erring high near measured sizes keeps
+        short drafts from probing at a loss; erring low far from them lets long drafts be tried, and a
+        size in use is measured after one round.
+        """
+        one = self._one
         if one is None:
             return None
-        sizes = sorted(self._pass_cost)
-        below = max((b for b in sizes if b < batch_size), default=1)
-        above = min((b for b in sizes if b > batch_size), default=None)
-        if above is not None:
-            frac = (batch_size - below) / (above - below)
-            return self._pass_cost[below] + frac * (self._pass_cost[above] - self._pass_cost[below])
-        # Beyond the largest measured size: the slope seen so far, or the prior until there is one.
+        measured = self._measured(batch_size) if batch_size in self._relative else None
+        if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
+            return measured
+        estimate = self._estimate_pass(batch_size, one)
+        # A size measured once or twice may have been slowed by another process: a guess from the other
+        # sizes keeps it in use until more samples settle it.
+        return estimate if measured is None else min(measured, estimate)
+
+    def _estimate_pass(self, batch_size: int, one: float) -> float:
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, batch_size)
+        below = sizes[i - 1]
+        if i < len(sizes) and sizes[i] == batch_size:
+            i += 1
+        above = sizes[i] if i < len(sizes) else None
+        low = self._measured(below)
         # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
         slope = PRIOR_BATCH_SLOPE * one
         if below >= MIN_SLOPE_BATCH:
-            slope = max(slope, (self._pass_cost[below] - one) / (below - 1))
-        return self._pass_cost[below] + slope * (batch_size - below)
+            slope = (low - one) / (below - 1)
+        if above is None:
+            return low + slope * (batch_size - below)
+        high = self._measured(above)
+        reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
+        estimate = min(low + slope * (min(batch_size, reach) - below), high)
+        if batch_size > reach:
+            estimate += (batch_size - reach) / (above - reach) * (high - estimate)
+        # Where the measured sizes show costs rising faster than that, the straight line between them.
+        return max(estimate, low + (batch_size - below) / (above - below) * (high - low))
 
     def draft_step_cost(self) -> float | None:
         if self._draft_step is not None:
             return self._draft_step
-        one = self._pass_cost.get(1)
-        return None if one is None else one * self.draft_cost_ratio
+        return None if self._one is None else self._one * self.draft_cost_ratio
+
+    def catch_up_cost(self, tokens: int) -> float:
+        """Seconds the draft model spends on a catch-up batch of ``tokens`` before its steps.
+
+        Until one is measured: the target's per-token cost in its largest measured pass (a prefill,
+        usually) scaled by the draft's cost ratio.
+        """
+        per_token = self._catch_up_per_token
+        if per_token is None:
+            largest = self._sizes[-1] if self._sizes else None
+            per_token = 0.0 if largest is None else self._measured(largest) / largest * self.draft_cost_ratio
+        return tokens * per_token
 
     def costs(self) -> dict:
         """The controller's current beliefs, for stats and the live view."""
         return {
-            "pass_s": {b: round(s, 5) for b, s in sorted(self._pass_cost.items())},
+            "pass_s": {b: round(self._measured(b), 5) for b in self._sizes},
             "draft_step_s": None if self._draft_step is None else round(self._draft_step, 5),
+            "draft_catch_up_s_per_token": None
+            if self._catch_up_per_token is None
+            else round(self._catch_up_per_token, 6),
             "overhead_s": round(self._overhead, 5),
             "lookup_acceptance": {b: round(e.rate, 3) for b, e in self._lookup.items()},
             "draft_acceptance": round(self._draft.rate, 3),
         }
+
+    def draft_status(self) -> str | None:
+        """Why ``auto`` does or does not use the draft model, in one line; None without a draft model."""
+        if not self.has_draft_model:
+            return None
+        if self.method in ("draft", "hybrid"):
+            return f"in use: --method {self.method}"
+        if self.method != "auto":
+            return f"not used: --method {self.method}"
+        if self.draft_off is not None:
+            return f"off for this session: {self.draft_off}"
+        return self._draft_declined or "in use: expected to beat the target alone at the latest choice"
 
     # -- decisions -------------------------------------------------------------------------------
     def _best(self, source: str, acceptance: float, k_max: int, step_cost: float) -> Plan | None:
@@ -209,27 +314,98 @@ class Controller:
                 best = Plan(source, k, tokens, rate)
         return best
 
-    def plan(self, *, lookup_available: int, lookup_match_len: int) -> Plan:
-        """Choose this round's plan; ``lookup_available`` is how many tokens prompt lookup can draft now."""
+    def _none_rate(self) -> float:
+        return 1.0 / (self._one + self._overhead)
+
+    def _check_draft(self) -> None:
+        """Give the draft model up for the session once its measured costs show it cannot pay."""
+        step = self._draft_step
+        if step is None:
+            return
+        hopeful = self._draft.hopeful
+        best = self._best("draft", hopeful, self.draft_max, step)
+        none = self._none_rate()
+        if best.expected_rate <= none:
+            self.draft_off = (
+                f"a draft step costs {step / self._one:.2f} of a target step (measured), so even "
+                f"at {hopeful:.0%} acceptance drafting would run at {best.expected_rate / none:.2f}x the target alone"
+            )
+
+    def _draft_option(self, rival: Plan, catch_up: Callable[[], int], expected_remaining: float) -> Plan | None:
+        """The draft plan for auto if it beats ``rival`` this round and repays its catch-up; else None,
+        with the reason kept for ``draft_status``."""
+        step = self.draft_step_cost()
+        best = self._best("draft", self._draft.rate, self.draft_max, step)
+        measured = "measured" if self._draft_step is not None else "expected"
+        none = self._none_rate()
+        if best.expected_rate <= rival.expected_rate:
+            if best.expected_rate > none:
+                self._draft_declined = "not used at the latest choice: prompt lookup was expected to do better"
+                return None
+            self._draft_declined = (
+                f"not used: at {self._draft.rate:.0%} acceptance and a step of "
+                f"{step / self._one:.2f} target steps ({measured}), drafting would run at "
+                f"{best.expected_rate / none:.2f}x the target alone"
+            )
+            return None
+        saving = expected_remaining * (1.0 / none - 1.0 / best.expected_rate)
+        tokens = catch_up()
+        cost = self.catch_up_cost(tokens)
+        if cost >= saving:
+            self._draft_declined = (
+                f"not used: catching up on {tokens} tokens would cost {cost:.2f} s, more than the "
+                f"{saving:.2f} s it could save over the rest of the answer"
+            )
+            return None
+        self._draft_declined = None
+        return best
+
+    def plan(
+        self,
+        *,
+        lookup_available: int,
+        lookup_match_len: int,
+        draft_catch_up: Callable[[], int] = lambda: 0,
+        generated: int = 0,
+        remaining: int | None = None,
+    ) -> Plan:
+        """Choose this round's plan.
+
+        Args:
+            lookup_available: how many tokens prompt lookup can draft now.
+            lookup_match_len: the length of the match those tokens continue.
+            draft_catch_up: gives the tokens the draft model would evaluate before drafting (the whole
+                context before its first use); called only when the draft model is in question.
+            generated, remaining: tokens of the answer so far and left in its budget (None: unbounded).
+        """
         method = self.method
         lookup_k = min(lookup_available, self.lookup_max)
         if method == "none" or (method == "lookup" and lookup_k == 0):
             return Plan("none", 0, 1.0, 0.0)
-        one = self.pass_cost(1)
         if self.draft_len is not None and method != "auto":
             if method == "lookup" or (method == "hybrid" and lookup_k > 0):
                 return Plan("lookup", lookup_k, 0.0, 0.0)
             return Plan("draft", self.draft_len, 0.0, 0.0)
-        if one is None:
-            # Every choice is priced against a one-token pass, so measure one first.
+        if len(self._pass_samples.get(1, ())) < TRUSTED_SAMPLES:
+            # Every choice is priced against a one-token pass, so measure a few first (one alone may have
+            # been slowed by another process, or by the first pass after a prefill).
             return Plan("none", 0, 1.0, 0.0)
 
         options: list[Plan] = []
         if method == "auto":
-            options.append(Plan("none", 0, 1.0, 1.0 / (one + self._overhead)))
+            options.append(Plan("none", 0, 1.0, self._none_rate()))
         if lookup_k > 0 and method in ("lookup", "hybrid", "auto"):
             options.append(self._best("lookup", self.acceptance("lookup", lookup_match_len), lookup_k, 0.0))
-        use_draft = method == "draft" or (method == "hybrid" and lookup_k == 0)
-        if use_draft or (method == "auto" and self.has_draft_model):
+        if method == "draft" or (method == "hybrid" and lookup_k == 0):
             options.append(self._best("draft", self._draft.rate, self.draft_max, self.draft_step_cost()))
-        return max(options, key=lambda plan: plan.expected_rate)
+        best = max(options, key=lambda plan: plan.expected_rate)
+        if method == "auto" and self.has_draft_model and self.draft_off is None:
+            expected = max(generated, MIN_EXPECTED_REMAINING)
+            if remaining is not None:
+                expected = min(expected, remaining)
+            best = self._draft_option(best, draft_catch_up, expected) or best
+        return best
+
+
+def _ema(old: float | None, sample: float) -> float:
+    return sample if old is None else old + COST_EMA * (sample - old)

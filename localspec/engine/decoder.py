@@ -124,6 +124,7 @@ class SpeculativeDecoder:
             if self.draft is not None:
                 self.draft.sync(context)
             stats.controller = self.controller.costs()
+            stats.draft_status = self.controller.draft_status()
 
     def _round(
         self, context: list[int], max_tokens: int, sampling: SamplingParams, rng: np.random.Generator
@@ -135,7 +136,13 @@ class SpeculativeDecoder:
             stats.stop_reason = "context_full"
             return None
         lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
-        plan: Plan = controller.plan(lookup_available=len(lookup_tokens), lookup_match_len=self.lookup.last_match_len)
+        plan: Plan = controller.plan(
+            lookup_available=len(lookup_tokens),
+            lookup_match_len=self.lookup.last_match_len,
+            draft_catch_up=lambda: self.draft.catch_up(context),
+            generated=stats.generated_tokens,
+            remaining=max_tokens - stats.generated_tokens,
+        )
         k = max(0, min(plan.k, room, max_tokens - stats.generated_tokens - 1))
         draft_s = 0.0
         if plan.method == "lookup" and k:
@@ -144,8 +151,7 @@ class SpeculativeDecoder:
             t = perf_counter()
             draft = self.draft.propose(context, k, sampling, rng)
             draft_s = perf_counter() - t
-            if draft.catch_up_tokens <= 2:  # a long catch-up is a one-off prefill, not a step cost
-                controller.record_draft_step(draft.model_evals, draft_s)
+            controller.record_draft(draft.catch_up_tokens, draft.catch_up_s, draft.steps, draft.steps_s)
         else:
             draft = Draft([], None, "none")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 
@@ -16,6 +17,10 @@ from localspec.engine.backend import LlamaModel
 from localspec.engine.sampling import SamplingParams, probabilities, sample
 
 DEFAULT_MIN_CONFIDENCE = 0.5
+# A round usually starts by evaluating the one or two tokens accepted since the last; a longer catch-up
+# (after a gap, or the whole context on first use) is evaluated as a batch first, so it is timed apart
+# from the steps.
+STEADY_CATCH_UP = 2
 
 
 @dataclass
@@ -24,16 +29,18 @@ class Draft:
     # q[i] is the draft distribution at position i, or None for a deterministic proposer (point mass).
     q: list[np.ndarray] | None
     source: str  # "draft" or "lookup"
-    catch_up_tokens: int = 0  # context tokens the draft model had to evaluate before drafting
-    model_evals: int = 0  # draft-model forward passes it took
+    catch_up_tokens: int = 0  # context tokens the draft model evaluated as a batch before its steps
+    catch_up_s: float = 0.0
+    steps: int = 0  # draft-model passes of one or two tokens, each giving the next draft token's logits
+    steps_s: float = 0.0
 
 
 class DraftModelProposer:
     """A small model of the same tokenizer that drafts up to k tokens per round.
 
     Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
-    one or two catch-up tokens. Drafting stops early when the draft's own top probability falls below
-    ``min_confidence``: a token it is unsure of is rarely accepted and still costs a target row.
+    one or two catch-up tokens (a longer catch-up is a batch of its own, see STEADY_CATCH_UP). Drafting
+    stops early when the draft's own top probability falls below ``min_confidence``: a token it is unsure of is rarely accepted and still costs a target row.
     The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
     """
 
@@ -52,6 +59,11 @@ class DraftModelProposer:
     def loaded(self) -> bool:
         return self._model is not None
 
+    def catch_up(self, context: Sequence[int]) -> int:
+        """How many context tokens the next ``propose`` evaluates as a batch before its steps (nearly the
+        whole context before the first use)."""
+        return _split_catch_up(self._model.common_prefix(context) if self._model else 0, len(context))[1]
+
     def propose(
         self,
         context: Sequence[int],
@@ -60,12 +72,15 @@ class DraftModelProposer:
         rng: np.random.Generator,
     ) -> Draft:
         model = self.model
-        # Re-evaluate at least the last context token: its logits give the first draft token.
-        keep = min(model.common_prefix(context), len(context) - 1)
+        keep, batch = _split_catch_up(model.common_prefix(context), len(context))
         model.rollback(keep)
         max_tokens = min(max_tokens, model.n_ctx - len(context))
-        logits = model.eval(context[keep:], n_logits=1)[0]
-        evals = 1
+        started = perf_counter()
+        if batch:
+            model.eval(context[keep : keep + batch], n_logits=0)
+        catch_up_s = perf_counter() - started
+        logits = model.eval(context[keep + batch :], n_logits=1)[0]
+        steps = 1
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         for i in range(max_tokens):
@@ -83,9 +98,9 @@ class DraftModelProposer:
             tokens.append(token)
             if i + 1 < max_tokens:
                 logits = model.eval([token], n_logits=1)[0]
-                evals += 1
+                steps += 1
         q = None if sampling.greedy else qs
-        return Draft(tokens, q, "draft", catch_up_tokens=len(context) - keep, model_evals=evals)
+        return Draft(tokens, q, "draft", batch, catch_up_s, steps, perf_counter() - started - catch_up_s)
 
     def sync(self, context: Sequence[int]) -> None:
         """Drop whatever the draft's KV cache holds beyond the agreed context (e.g. after an interrupt)."""
@@ -96,3 +111,12 @@ class DraftModelProposer:
         if self._model is not None:
             self._model.close()
             self._model = None
+
+
+def _split_catch_up(common: int, length: int) -> tuple[int, int]:
+    """(tokens of the KV cache kept, tokens to evaluate as a batch before the first step) for a context
+    of ``length`` tokens whose first ``common`` the cache holds. At least the last context token is
+    evaluated again, by the first step: its logits give the first draft token."""
+    keep = min(common, length - 1)
+    behind = length - keep
+    return keep, (behind - 1 if behind > STEADY_CATCH_UP else 0)

@@ -35,6 +35,7 @@ class GenerationStats:
     stop_reason: str | None = None
     kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/backend.py
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
+    draft_status: str | None = None  # whether auto uses the draft model and why; None without one
 
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -130,4 +131,5 @@ class GenerationStats:
             "stop_reason": self.stop_reason,
             "kernels": self.kernels,
             "controller": self.controller,
+            "draft_status": self.draft_status,
         }
