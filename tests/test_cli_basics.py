@@ -121,9 +121,8 @@ def test_doctor_reports_a_usable_build_and_the_cache():
     for expected in ("llama-cpp-python", "llama.cpp build", "GPU offload", "CPU features", "model cache", "free disk"):
         assert expected in result.output
     assert "WARNING" not in result.output
-    # scripts/setup built llama.cpp with the exact tiled-matmul patch (on CPUs it has a kernel for)
-    if "AVX512_VNNI = 1" in result.output:
-        assert "bit-identical to one-token steps (patched build)" in result.output
+    # scripts/setup built llama.cpp with the exact-kernel patch
+    assert "verification kernels: exact: batch-invariant kernels at stock speed" in result.output
 
 
 def test_doctor_lists_cached_models(fake_index):
@@ -138,13 +137,6 @@ def test_amx_backend_is_detected_from_libraries_or_system_info(tmp_path):
     assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...\x00AMX\x00...ggml_backend_amx_buffer_type")
     assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
-
-
-def test_exact_tiled_patch_is_detected_from_the_cpu_library(tmp_path):
-    (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...GGML_CPU_TILED_MM\x00")
-    assert not backend.has_exact_tiled(tmp_path)
-    (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...GGML_CPU_TILED_MM\x00exact\x00")
-    assert backend.has_exact_tiled(tmp_path)
 
 
 def test_pull_offline_with_an_empty_cache_fails_clearly():

@@ -47,15 +47,11 @@ def _report_llama(cpu_flags: list[str]) -> bool:
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
         )
-    if build.exact_tiled and "AVX512_VNNI = 1" in build.system_info:
-        out.print("batched verification: fast tiled kernels, bit-identical to one-token steps (patched build)")
-    elif build.exact_tiled:
-        # The patch's small-batch kernel mirrors the AVX-512 VNNI microkernel; elsewhere exact mode is vec_dot.
-        out.print("batched verification: vec_dot kernels, bit-identical but slower (no exact tiled kernel for this CPU)")
-    else:
+    out.print(f"verification kernels: {backend.kernels_description(build.kernels)}")
+    if build.kernels != backend.EXACT:
         err.print(
-            "[bold yellow]note: this llama.cpp build lacks localspec's exact tiled-matmul patch: output stays "
-            "lossless but verification batches and prompts run about 2x slower; run scripts/setup[/]"
+            "[bold yellow]note: this llama.cpp build lacks localspec's exact-kernel patch: greedy output is lossless "
+            "up to floating-point rounding (--exact forces bit-identity, slower); run scripts/setup[/]"
         )
     if not build.amx_backend:
         return True

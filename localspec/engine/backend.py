@@ -305,7 +305,7 @@ class BuildInfo:
     module: str  # where llama_cpp was imported from
     system_info: str  # llama.cpp's own "CPU : AVX2 = 1 | ..." line
     gpu_offload: str | None  # the GPU backends compiled in; None for a CPU-only build
-    exact_tiled: bool  # understands GGML_CPU_TILED_MM=exact (scripts/patches/llama-cpp-exact-tiled.patch)
+    kernels: str  # the default kernel mode on the CPU: EXACT with scripts/patches/llama-cpp-exact.patch
     amx_backend: bool  # carries the AMX backend, which crashes on AMX CPUs (llama.cpp #20824)
 
 
@@ -319,7 +319,7 @@ def build_info() -> BuildInfo:
         module=llama_cpp.__file__,
         system_info=system_info,
         gpu_offload=gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else None,
-        exact_tiled=has_exact_tiled(lib_dir),
+        kernels=choose_kernels(exact=None, gpu_layers=0),
         amx_backend=has_amx_backend(lib_dir, system_info),
     )
 
@@ -329,11 +329,6 @@ def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
     if re.search(r"AMX\w* = 1", system_info):
         return True
     return any(_AMX_BACKEND.search(lib.read_bytes()) for lib in sorted(lib_dir.glob("*.so*")) + sorted(lib_dir.glob("*.dylib")))
-
-
-def has_exact_tiled(lib_dir: Path) -> bool:
-    """True when the CPU backend understands GGML_CPU_TILED_MM=exact."""
-    return any(b"\0exact\0" in lib.read_bytes() for lib in lib_dir.glob("libggml-cpu*"))
 
 
 def gpu_backends(lib_dir: Path, system_info: str) -> str:
