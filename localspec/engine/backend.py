@@ -9,6 +9,7 @@ An upgrade of llama-cpp-python that moves these internals should break this file
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.metadata
 import os
 import re
@@ -68,21 +69,19 @@ def _import_llama_cpp():
     return llama_cpp, _internals
 
 
-def _cpu_library() -> ctypes.CDLL | None:
-    import llama_cpp
-
-    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
-    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
-        if (lib_dir / name).exists():
-            return ctypes.CDLL(str(lib_dir / name))
-    return None
+def _lib_dir() -> Path:
+    """Where llama-cpp-python loads llama.cpp's shared libraries from (it honours LLAMA_CPP_LIB_PATH too)."""
+    llama_cpp, _ = _import_llama_cpp()
+    return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
 
 
+@functools.cache
 def exact_kernels_built() -> bool:
     """True when llama.cpp was built with localspec's batch-invariant kernels (scripts/setup does that)."""
-    _import_llama_cpp()
-    lib = _cpu_library()
-    return lib is not None and hasattr(lib, _EXACT_SYMBOL)
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        if (_lib_dir() / name).exists():
+            return hasattr(ctypes.CDLL(str(_lib_dir() / name)), _EXACT_SYMBOL)
+    return False
 
 
 def choose_kernels(*, exact: bool | None, gpu_layers: int) -> str:
@@ -106,22 +105,21 @@ def kernels_description(kernels: str) -> str:
     return "exact: stock kernels' one-row paths only (this build lacks localspec's patch), bit-identical but slower"
 
 
-def _use_kernels(kernels: str) -> str:
-    """Set ggml's process-wide kernel switch for ``kernels``; returns the value it takes."""
+def _use_kernels(kernels: str) -> None:
+    """Set ggml's process-wide kernel switch for ``kernels``, once per process."""
     global _kernels_in_process
+    if _kernels_in_process not in (None, kernels):
+        raise LocalspecError(
+            f"this process already runs llama.cpp with {_kernels_in_process} kernels and cannot switch to "
+            f"{kernels}; start a new process for the other mode"
+        )
     if kernels == EXACT:
         # A patched build: its batch-invariant kernels. An unpatched one reads "exact" as 0: vec_dot only.
         os.environ["GGML_CPU_TILED_MM"] = "exact"
     else:
         os.environ.pop("GGML_CPU_TILED_MM", None)
     os.environ.pop("GGML_CPU_TILED_MM_FORCE", None)
-    if _kernels_in_process not in (None, kernels):
-        raise LocalspecError(
-            f"this process already runs llama.cpp with {_kernels_in_process} kernels and cannot switch to "
-            f"{kernels}; start a new process for the other mode"
-        )
     _kernels_in_process = kernels
-    return kernels
 
 
 def default_threads() -> int:
@@ -313,7 +311,7 @@ def build_info() -> BuildInfo:
     """Inspect the installed build; raises whatever a broken native build raises on import."""
     llama_cpp, _ = _import_llama_cpp()
     system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    lib_dir = _lib_dir()
     return BuildInfo(
         version=importlib.metadata.version("llama-cpp-python"),
         module=llama_cpp.__file__,
