@@ -63,6 +63,32 @@ def test_real_target_is_batch_invariant(real_target, chunk):
     assert np.array_equal(single, batched)
 
 
+@pytest.mark.real
+def test_real_prefill_reads_repacked_weights_as_plain_ones(real_target, qwen_pair, monkeypatch):
+    """Prompt prefill (past MAX_VERIFY_BATCH rows) takes the tiled kernel over the repacked q4_K layout; loaded
+    without repacking, the same kernel reads plain q4_K rows. A misread weight, scale or min would move the
+    logits: they must agree bit for bit."""
+    if not exact_kernels_built():
+        pytest.skip("the repacked-prefill kernel comes with scripts/patches/llama-cpp-exact.patch")
+    from llama_cpp import _internals
+
+    class PlainWeights(_internals.LlamaModel):  # the extra (repack) buffer types off, as llama.cpp's --no-repack
+        def __init__(self, *, params, **kwargs):
+            params.use_extra_bufts = False
+            super().__init__(params=params, **kwargs)
+
+    monkeypatch.setattr(_internals, "LlamaModel", PlainWeights)
+    plain = LlamaModel(qwen_pair[0], n_ctx=1024, n_threads=2)
+    code = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+    tokens = plain.tokenize(code * 30, add_bos=False)[: MAX_VERIFY_BATCH + 100]
+    real_target.reset()
+    repacked = real_target.eval(tokens, n_logits=len(tokens))
+    try:
+        assert np.array_equal(repacked, plain.eval(tokens, n_logits=len(tokens)))
+    finally:
+        plain.close()
+
+
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the exact kernels are x86 code")
 def test_build_has_the_exact_kernels_where_the_cpu_can_run_them():
     """scripts/setup builds them on every x86 CPU with AVX2 (their repacked-gemm part); losing the patch
