@@ -63,11 +63,13 @@ def test_real_target_is_batch_invariant(real_target, chunk):
     assert np.array_equal(single, batched)
 
 
+# A prompt prefill takes the tiled kernel over repacked q4_K: past MAX_VERIFY_BATCH rows, or from 32 rows when
+# the engine flags it (prefill=True).
 @pytest.mark.real
-def test_real_prefill_reads_repacked_weights_as_plain_ones(real_target, qwen_pair, monkeypatch):
-    """Prompt prefill (past MAX_VERIFY_BATCH rows) takes the tiled kernel over the repacked q4_K layout; loaded
-    without repacking, the same kernel reads plain q4_K rows. A misread weight, scale or min would move the
-    logits: they must agree bit for bit."""
+@pytest.mark.parametrize(("size", "prefill"), [(MAX_VERIFY_BATCH + 100, False), (64, True)])
+def test_real_prefill_reads_repacked_weights_as_plain_ones(real_target, qwen_pair, monkeypatch, size, prefill):
+    """Loaded without repacking, the same kernel reads plain q4_K rows. A misread weight, scale or min would
+    move the logits: they must agree bit for bit."""
     if not exact_kernels_built():
         pytest.skip("the repacked-prefill kernel comes with scripts/patches/llama-cpp-exact.patch")
     from llama_cpp import _internals
@@ -80,11 +82,11 @@ def test_real_prefill_reads_repacked_weights_as_plain_ones(real_target, qwen_pai
     monkeypatch.setattr(_internals, "LlamaModel", PlainWeights)
     plain = LlamaModel(qwen_pair[0], n_ctx=1024, n_threads=2)
     code = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
-    tokens = plain.tokenize(code * 30, add_bos=False)[: MAX_VERIFY_BATCH + 100]
+    tokens = plain.tokenize(code * 30, add_bos=False)[:size]
     real_target.reset()
-    repacked = real_target.eval(tokens, n_logits=len(tokens))
+    repacked = real_target.eval(tokens, n_logits=len(tokens), prefill=prefill)
     try:
-        assert np.array_equal(repacked, plain.eval(tokens, n_logits=len(tokens)))
+        assert np.array_equal(repacked, plain.eval(tokens, n_logits=len(tokens), prefill=prefill))
     finally:
         plain.close()
 

@@ -49,6 +49,9 @@ def real_models(qwen_pair):
 
 
 def answer_tokens(target, draft, prompt, method, draft_len=None):
+    # Every answer starts from an empty KV cache, as target alone's does: prompt prefill takes fast kernels
+    # that are not batch-invariant, so a prompt prefix kept from another answer may differ by rounding.
+    target.reset()
     decoder = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len)
     conversation = Conversation(decoder)
     tokens = []

@@ -75,13 +75,39 @@ def _lib_dir() -> Path:
     return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
 
 
+def _loaded_cpu_library() -> Path | None:
+    """The file llama.cpp's CPU backend runs from. A wheel holds libggml-cpu.so, .so.0 and .so.0.x as separate
+    copies on Linux, and another copy than the one llama.cpp loaded would have globals of its own."""
+    lib_dir = _lib_dir()  # imports llama_cpp, which loads the backend
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        for line in maps.read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and Path(fields[5]).name.startswith("libggml-cpu."):
+                return Path(fields[5])
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        if (lib_dir / name).exists():
+            return lib_dir / name
+    return None
+
+
 @functools.cache
+def _patched_cpu_lib() -> ctypes.CDLL | None:
+    """llama.cpp's CPU backend library when it carries localspec's patch, else None."""
+    path = _loaded_cpu_library()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    if not hasattr(lib, _EXACT_SYMBOL):
+        return None
+    lib.ggml_exact_set_prefill.argtypes = [ctypes.c_bool]
+    lib.ggml_exact_set_prefill.restype = None
+    return lib
+
+
 def exact_kernels_built() -> bool:
     """True when llama.cpp was built with localspec's batch-invariant kernels (scripts/setup does that)."""
-    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
-        if (_lib_dir() / name).exists():
-            return hasattr(ctypes.CDLL(str(_lib_dir() / name)), _EXACT_SYMBOL)
-    return False
+    return _patched_cpu_lib() is not None
 
 
 def choose_kernels(*, exact: bool | None, gpu_layers: int) -> str:
@@ -238,11 +264,13 @@ class LlamaModel:
         return common_prefix_length(self.tokens, tokens)
 
     # -- evaluation ------------------------------------------------------------------------------
-    def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None) -> np.ndarray:
+    def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None, prefill: bool = False) -> np.ndarray:
         """Append ``tokens`` to the KV cache and return the logits of the last ``n_logits`` of them.
 
         Returns an (n_logits, n_vocab) float32 array; row i predicts the token after
         ``tokens[len(tokens) - n_logits + i]``. ``progress(done, total)`` is called between chunks.
+        ``prefill`` says the tokens are a prompt, not a verification: the exact kernels then take their
+        faster prefill paths at any batch size (a prompt is prefilled the same way on every decoding path).
         """
         n = len(tokens)
         if n == 0 or not 0 <= n_logits <= min(n, self.n_batch):
@@ -254,12 +282,19 @@ class LlamaModel:
             )
         first_logit = n - n_logits
         started = time.perf_counter()
-        for start in range(0, n, self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            self._decode(chunk, first_logit - start)
-            self.tokens.extend(chunk)
-            if progress is not None:
-                progress(start + len(chunk), n)
+        switch = _patched_cpu_lib() if prefill and self.kernels == EXACT else None
+        if switch is not None:
+            switch.ggml_exact_set_prefill(True)
+        try:
+            for start in range(0, n, self.n_batch):
+                chunk = tokens[start : start + self.n_batch]
+                self._decode(chunk, first_logit - start)
+                self.tokens.extend(chunk)
+                if progress is not None:
+                    progress(start + len(chunk), n)
+        finally:
+            if switch is not None:
+                switch.ggml_exact_set_prefill(False)
         if n >= LARGE_EVAL:
             self.large_eval = (n, time.perf_counter() - started)
         if n_logits == 0:

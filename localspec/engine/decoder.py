@@ -99,7 +99,7 @@ class SpeculativeDecoder:
         keep = min(target.common_prefix(prompt), len(prompt) - 1)
         target.rollback(keep)
         self._sync_lookup(prompt)
-        logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress)[0]
+        logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress, prefill=True)[0]
         stats.prefill_tokens = len(prompt) - keep
         stats.prefill_s = perf_counter() - start
         if target.large_eval is not None:

@@ -77,7 +77,7 @@ class DraftModelProposer:
         max_tokens = min(max_tokens, model.n_ctx - len(context))
         started = perf_counter()
         if batch:
-            model.eval(context[keep : keep + batch], n_logits=0)
+            model.eval(context[keep : keep + batch], n_logits=0, prefill=True)  # the draft need not be exact
         catch_up_s = perf_counter() - started
         logits = model.eval(context[keep + batch :], n_logits=1)[0]
         steps = 1
