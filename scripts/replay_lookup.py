@@ -24,7 +24,7 @@ from bench_engine import pass_costs
 
 from localspec.bench.runner import BASELINE, BenchRunner, BenchSettings
 from localspec.bench.workloads import shipped_prompts
-from localspec.engine.controller import Controller
+from localspec.engine.controller import TRUSTED_SAMPLES, Controller
 from localspec.engine.decoder import LOOKUP_MAX_NGRAM
 from localspec.engine.lookup import PromptLookupProposer
 from localspec.profiles import DEFAULT_PROFILE
@@ -91,9 +91,10 @@ def replay(answer: dict, max_tokens: int, cost: Callable[[int], float], controll
         hits = 0
         while hits < len(draft) and draft[hits] == target[position + hits]:
             hits += 1
-        seconds += cost(len(draft) + 1)
+        spent = cost(len(draft) + 1)
+        seconds += spent
         if controller is not None:
-            controller.record_pass(len(draft) + 1, cost(len(draft) + 1))
+            controller.record_pass(len(draft) + 1, spent)
             controller.record_round("lookup" if draft else "none", lookup.last_match_len, len(draft), hits)
         step = target[position : position + hits + 1]
         history += step
@@ -109,7 +110,7 @@ def report(path: str, max_tokens: int) -> None:
         recorded = json.load(handle)
     cost = interpolate({int(size): seconds for size, seconds in recorded["pass_s"].items()})
     controller = Controller("auto")  # one per session, as bench keeps its decoders across prompts
-    for _ in range(3):
+    for _ in range(TRUSTED_SAMPLES):  # the one-token passes it measures before any draft
         controller.record_pass(1, cost(1))
     print(f"{'slice':14} {'auto':>6} {'accepted':>9} {'ngram-simple':>13} {'accepted':>9}")
     for workload in dict.fromkeys(a["workload"] for a in recorded["answers"]):

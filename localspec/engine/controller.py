@@ -297,7 +297,7 @@ class Controller:
         """Why ``auto`` does or does not use the draft model, in one line; None without a draft model."""
         if not self.has_draft_model:
             return None
-        if self.method in ("draft", "hybrid"):
+        if self.method in DRAFT_MODEL_METHODS:
             return f"in use: --method {self.method}"
         if self.method != "auto":
             return f"not used: --method {self.method}"

@@ -40,7 +40,8 @@ class DraftModelProposer:
 
     Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
     one or two catch-up tokens (a longer catch-up is a batch of its own, see STEADY_CATCH_UP). Drafting
-    stops early when the draft's own top probability falls below ``min_confidence``: a token it is unsure of is rarely accepted and still costs a target row.
+    stops early when the draft's own top probability falls below ``min_confidence``: a token it is unsure
+    of is rarely accepted and still costs a target row.
     The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
     """
 
