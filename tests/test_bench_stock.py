@@ -2,8 +2,8 @@
 comparison against the real stock tools on tiny models.
 
 The parsing tests read output captured from the real tools (tests/data/stock/, see its README). The
-end-to-end tests need the tools that scripts/build-llama-cpp-stock builds (about 5 minutes, once); they
-skip, saying so, when that build is not in the cache, so the suite never builds llama.cpp itself.
+end-to-end test needs the tools that scripts/build-llama-cpp-stock builds (about 5 minutes, once), which
+scripts/test (and so CI) builds first; pytest on its own skips it, saying so, when they are not built.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run_bench(*args) -> object:
 
 @pytest.fixture(scope="session")
 def stock_bin() -> Path:
-    """The cached stock build, or a skip naming how to get it (the suite never builds it)."""
+    """The cached stock build, or a skip naming how to get it (pytest itself never builds it)."""
     done = subprocess.run([REPO / "scripts" / "build-llama-cpp-stock", "--cached"], capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip("no cached stock llama.cpp build; run scripts/build-llama-cpp-stock once (about 5 minutes)")
