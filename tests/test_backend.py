@@ -136,3 +136,17 @@ def test_token_bytes_are_exact(tiny_target):
     model = LlamaModel(tiny_target, vocab_only=True)
     text = "hello world"
     assert b"".join(model.token_bytes(t) for t in model.tokenize(text, add_bos=False)).decode().strip() == text
+
+
+def test_another_context_shares_the_weights_and_keeps_its_own_cache(tiny_target):
+    model = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    other = model.another_context()
+    tokens = model.tokenize("the code print x", add_bos=True)
+    first = model.eval(tokens)[0]
+    assert other.n_past == 0  # nothing of the first context's cache shows in the second
+    other.eval(tokens[:2])
+    assert model.tokens == tokens and other.tokens == tokens[:2]
+    assert np.array_equal(other.eval(tokens[2:])[0], first)
+    other.close()  # closes its own context only: the weights stay usable
+    model.rollback(len(tokens) - 1)
+    assert np.array_equal(model.eval(tokens[-1:])[0], first)

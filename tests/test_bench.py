@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import time
 
 import pytest
 import tomli_w
@@ -16,6 +17,7 @@ from localspec.bench import report, workloads
 from localspec.bench.runner import (
     BASELINE,
     BenchResult,
+    BenchRunner,
     BenchSettings,
     Config,
     Measurement,
@@ -30,6 +32,7 @@ from localspec.engine.decoder import Step
 from localspec.engine.stats import GenerationStats
 from localspec.errors import UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, load_profile
+from localspec.session import ModelOptions, Pair, open_decoder
 
 ROW_TYPES = {
     "workload": str,
@@ -200,6 +203,26 @@ def test_shipped_workloads_cover_every_slice_with_several_prompts():
 
 
 # -- the lossless comparison ---------------------------------------------------------------------
+def test_configurations_measured_in_lockstep_time_only_their_own_rounds(tiny_target, tiny_draft):
+    decoder = open_decoder(Pair(tiny_target, tiny_draft, "tiny"), ModelOptions(n_ctx=512, threads=1))
+    configs = [BASELINE, Config("lookup"), Config("draft", 2), Config("auto")]
+    runner = BenchRunner(decoder, BenchSettings(configs, runs=1, max_tokens=24, warmup_tokens=4))
+    item = runner.prepare(BenchPrompt("echo", "words", ("hello world the code print x = hello world the code",)))
+    runner.warm_up(item)
+    started = time.perf_counter()
+    together = runner.measure_together(item, configs)
+    wall = time.perf_counter() - started
+    alone = {config: runner.measure(item, config) for config in configs}
+    for config in configs:
+        # Every configuration ran on caches of its own: the same tokens whether interleaved or alone.
+        assert together[config].tokens == alone[config].tokens == together[BASELINE].tokens
+        stats = together[config].stats
+        assert stats.generated_tokens == 24
+        assert stats.decode_s == pytest.approx(stats.draft_s + stats.verify_s + stats.overhead_s)
+    # Interleaved, a generation's time is its own rounds, never another's: the times add up to at most the wall time.
+    assert sum(m.stats.decode_s + m.stats.prefill_s for m in together.values()) <= wall
+
+
 def test_compare_tokens_names_the_first_difference():
     describe = {1: "a", 2: "b", 3: "c", 9: "z"}.get
     assert compare_tokens([1, 2, 3], [1, 2, 3], describe) is None

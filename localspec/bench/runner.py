@@ -4,10 +4,13 @@ How figures are kept honest on a shared, noisy machine:
 
 - An untimed warm-up first: every configuration generates a few tokens, which loads the draft model and
   gives every controller its first cost measurements.
-- The baseline (method "none", the same target and code path) is measured in the same run, interleaved
-  with the speculative configurations: for each prompt and run, every configuration generates once, in an
-  order rotated per run, so machine drift hits all of them alike. Speedup is the ratio of decode tok/s
-  to the baseline's in the same round, prompt by prompt.
+- The baseline (method "none", the same target and code path) is measured in the same run as the
+  speculative configurations, in lockstep: each configuration has a KV cache of its own on the shared
+  weights, and their generations of one prompt advance one round each in turn. A slow spell of the
+  machine (on a shared 2-core VM one answer of a few seconds may run 15% slower than the next) then
+  hits every configuration alike: target alone against itself measures within 1% this way, against
+  15% when the answers run one after another. Each generation's time is its own rounds only.
+  Speedup is the ratio of decode tok/s to the baseline's in the same run, prompt by prompt.
 - Every timed generation finds the KV caches as a real request would: empty for a one-shot prompt (so
   TTFT is a full prefill, and a draft model pays its own prompt catch-up inside the decode time), and
   holding the earlier turns for the last turn of a multi-turn session.
@@ -17,7 +20,7 @@ How figures are kept honest on a shared, noisy machine:
   tokens plus k draft steps, against one token per one-token pass. The gap is overhead and model error.
 
 Each configuration gets its own decoder (and so its own controller and learned acceptance) over the
-shared target and draft models, so one configuration's beliefs never leak into another's figures.
+shared target and draft weights, so one configuration's beliefs never leak into another's figures.
 """
 
 from __future__ import annotations
@@ -172,14 +175,14 @@ class BenchRunner:
         self, decoder: SpeculativeDecoder, settings: BenchSettings, *, progress: ProgressCallback | None = None
     ) -> None:
         self.target = decoder.target
-        self.draft = decoder.draft
         self.settings = settings
         self.progress = progress or (lambda what, done, total: None)
         ratio = decoder.controller.draft_cost_ratio
+        # The baseline runs on the given caches, every other configuration on caches of its own.
         self.decoders = {
             config: SpeculativeDecoder(
-                self.target,
-                draft=self.draft if config.method in USES_DRAFT else None,
+                self.target if config == BASELINE else self.target.another_context(),
+                draft=decoder.draft.another() if decoder.draft is not None and config.method in USES_DRAFT else None,
                 method=config.method,
                 draft_len=config.draft_len,
                 draft_cost_ratio=ratio,
@@ -195,11 +198,9 @@ class BenchRunner:
         total, done = len(prepared) * self.settings.runs * len(configs), 0
         for item in prepared:
             for run in range(self.settings.runs):
-                by_config: dict[Config, Measurement] = {}
-                for config in _rotated(configs, run):
-                    self.progress(f"{item.prompt.workload}/{item.prompt.id}: {config.label}", done, total)
-                    by_config[config] = self.measure(item, config)
-                    done += 1
+                self.progress(f"{item.prompt.workload}/{item.prompt.id}: run {run + 1}", done, total)
+                by_config = self.measure_together(item, _rotated(configs, run))
+                done += len(configs)
                 self._relate(item.prompt, by_config, records)
         self.progress("done", total, total)
         return BenchResult(self.settings, list(prompts), list(records.values()))
@@ -225,22 +226,24 @@ class BenchRunner:
 
     def warm_up(self, item: PreparedPrompt) -> None:
         """Untimed: load the draft, let every controller measure its first costs, warm llama.cpp's buffers."""
-        if self.draft is not None and any(c.method in USES_DRAFT for c in self.settings.all_configs):
-            self.draft.model  # noqa: B018 - loads it now rather than inside a timed generation
-        self._prime(item)  # only once: later warm-ups reuse the cached prompt, as they need no figures
         for config, decoder in self.decoders.items():
             self.progress(f"warm-up: {config.label}", 0, 0)
+            if decoder.draft is not None:
+                decoder.draft.model  # noqa: B018 - loads it now rather than inside a timed generation
+            self._prime(item, config)  # only once: later warm-ups reuse the cached prompt, as they need no figures
             for _ in decoder.generate(
                 item.tokens, max_tokens=self.settings.warmup_tokens, sampling=self.settings.sampling
             ):
                 pass
 
-    def _models(self) -> list[LlamaModel]:
-        return [self.target] + ([self.draft.model] if self.draft is not None and self.draft.loaded else [])
+    def _models(self, config: Config) -> list[LlamaModel]:
+        decoder = self.decoders[config]
+        draft = decoder.draft
+        return [decoder.target] + ([draft.model] if draft is not None and draft.loaded else [])
 
-    def _prime(self, item: PreparedPrompt) -> None:
-        """Make every KV cache hold exactly the part of the prompt a real request would find cached."""
-        for model in self._models():
+    def _prime(self, item: PreparedPrompt, config: Config) -> None:
+        """Make the KV caches of ``config`` hold exactly the part of the prompt a real request would find cached."""
+        for model in self._models(config):
             keep = min(model.common_prefix(item.tokens), item.cached)
             model.rollback(keep)
             if keep < item.cached:
@@ -249,11 +252,31 @@ class BenchRunner:
     # -- measuring -------------------------------------------------------------------------------
     def measure(self, item: PreparedPrompt, config: Config) -> Measurement:
         """One timed generation of ``config`` on ``item``, from the KV caches a real request would find."""
+        return self.measure_together(item, [config])[config]
+
+    def measure_together(self, item: PreparedPrompt, configs: Sequence[Config]) -> dict[Config, Measurement]:
+        """One timed generation per configuration on ``item``, advanced in lockstep, a round each in turn
+        (in the order given), each from the KV caches a real request would find."""
+        for config in configs:
+            self._prime(item, config)
+        generations = {
+            config: self.decoders[config].generate(
+                item.tokens, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling
+            )
+            for config in configs
+        }
+        steps: dict[Config, list[Step]] = {config: [] for config in configs}
+        while generations:
+            for config, generation in list(generations.items()):
+                step = next(generation, None)
+                if step is None:
+                    del generations[config]
+                else:
+                    steps[config].append(step)
+        return {config: self._measurement(config, steps[config]) for config in configs}
+
+    def _measurement(self, config: Config, steps: list[Step]) -> Measurement:
         decoder = self.decoders[config]
-        self._prime(item)
-        steps = list(
-            decoder.generate(item.tokens, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling)
-        )
         tokens = [t for step in steps for t in step.tokens]
         measurement = Measurement(tokens, decoder.stats)
         if config != BASELINE:

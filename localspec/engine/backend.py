@@ -8,6 +8,7 @@ An upgrade of llama-cpp-python that moves these internals should break this file
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import importlib.metadata
@@ -205,6 +206,9 @@ class LlamaModel:
                 self._batch = internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         except ValueError as exc:
             raise LocalspecError(f"llama.cpp could not load {path}: {exc}; run 'localspec check' on it") from exc
+        self._internals = internals
+        self._context_params = context_params
+        self._shares_model = False
         self.path = Path(path)
         self.n_ctx = n_ctx
         self.n_batch = n_batch
@@ -320,8 +324,23 @@ class LlamaModel:
             self._ctx.kv_cache_seq_rm(0, n_past, -1)
             raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
 
+    def another_context(self) -> LlamaModel:
+        """The same loaded weights with a context and KV cache of their own, empty.
+
+        Several generations can then advance turn about, each on its own cache (the benchmark runs its
+        configurations so, round by round, so a slow spell of the machine hits them all alike).
+        """
+        other = copy.copy(self)
+        other._ctx = self._internals.LlamaContext(model=self._model, params=self._context_params, verbose=False)
+        other._batch = self._internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
+        other._shares_model = True
+        other.tokens = []
+        other.large_eval = None
+        other._pieces = self._pieces
+        return other
+
     def close(self) -> None:
-        for part in ("_batch", "_ctx", "_model"):
+        for part in ("_batch", "_ctx") if self._shares_model else ("_batch", "_ctx", "_model"):
             if hasattr(self, part):
                 getattr(self, part).close()
 

@@ -60,6 +60,10 @@ class DraftModelProposer:
     def loaded(self) -> bool:
         return self._model is not None
 
+    def another(self) -> DraftModelProposer:
+        """A proposer on the same weights (loaded on its first use) with a KV cache of its own."""
+        return DraftModelProposer(lambda: self.model.another_context(), min_confidence=self.min_confidence)
+
     def catch_up(self, context: Sequence[int]) -> int:
         """How many context tokens the next ``propose`` evaluates as a batch before its steps (nearly the
         whole context before the first use)."""
