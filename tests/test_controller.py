@@ -61,6 +61,21 @@ def test_a_measured_large_pass_makes_long_copies_pay():
     assert long.k > 2 * short.k and long.expected_rate > short.expected_rate
 
 
+def test_each_lookup_draft_position_is_credited_to_the_match_it_continues():
+    controller = Controller("auto")
+    before = {m: controller.acceptance("lookup", m) for m in (4, 8, 16)}
+    # After a 6-token match, tokens 1-2 continue matches of 6-7, tokens 3-10 of 8-15; the 11th was refused.
+    for _ in range(5):
+        controller.record_round("lookup", 6, 12, 10)
+    assert controller.acceptance("lookup", 4) > before[4]  # only accepted there
+    assert controller.acceptance("lookup", 8) > before[8]
+    assert controller.acceptance("lookup", 16) < before[16]  # the refusal, at a match of 16
+    # A copy that has run far is expected to run on: the plan drafts past the bucket it started in.
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 16, 0.99, k=32)
+    assert controller.plan(lookup_available=64, lookup_match_len=8).k > 8
+
+
 def test_cpu_costs_with_a_poor_lookup_do_not_speculate():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 1, 0.1)
