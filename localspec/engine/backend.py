@@ -336,7 +336,6 @@ class LlamaModel:
         other._shares_model = True
         other.tokens = []
         other.large_eval = None
-        other._pieces = self._pieces
         return other
 
     def close(self) -> None:

@@ -155,6 +155,7 @@ class Controller:
         self._catch_up_per_token: float | None = None
         self._overhead = 0.0
         self._lookup = {bucket: _Acceptance(a) for bucket, a in PRIOR_LOOKUP_ACCEPTANCE.items()}
+        self._buckets = sorted(self._lookup)  # planning looks one up per draft position, so by bisection
         self._draft = _Acceptance(PRIOR_DRAFT_ACCEPTANCE)
         self.draft_off: str | None = None  # why auto no longer uses the draft model, once it has given up
         self._draft_declined: str | None = None  # why auto passed over the draft model last time
@@ -221,7 +222,7 @@ class Controller:
 
     def _estimate(self, source: str, match_len: int) -> _Acceptance:
         if source == "lookup":
-            return self._lookup[max(b for b in self._lookup if b <= max(1, match_len))]
+            return self._lookup[self._buckets[bisect.bisect_right(self._buckets, max(1, match_len)) - 1]]
         return self._draft
 
     def acceptance(self, source: str, match_len: int = 1) -> float:
