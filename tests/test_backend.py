@@ -44,12 +44,13 @@ def real_target(qwen_pair):
     return LlamaModel(qwen_pair[0], n_ctx=1024, n_threads=2)
 
 
-# Each side of every kernel switch: repacked q4_K takes a 4-row gemm plus a gemv of the 1-3 rows left
-# (2-9), q6_K the small-batch GEMV up to 24 rows and the tiled kernel beyond (24, 25); a verification
-# is as long as the longest lookup draft plus one (65) and never longer than MAX_VERIFY_BATCH, the largest
-# batch flash attention keeps on its one-query path.
+# Each side of every kernel switch: repacked q4_K takes 16-row gemm blocks and passes the rows left to a
+# gemv that reads each weight block once for up to 3 of them (2-9, 15-17, 19, 31, 33; on CPUs without
+# AVX-512 a 4-row gemm instead), q6_K the small-batch GEMV up to 24 rows and the tiled kernel beyond (24,
+# 25); a verification is as long as the longest lookup draft plus one (65) and never longer than
+# MAX_VERIFY_BATCH, the largest batch flash attention keeps on its per-row exact path.
 @pytest.mark.real
-@pytest.mark.parametrize("chunk", [2, 3, 4, 5, 6, 7, 8, 9, 24, 25, 65, MAX_VERIFY_BATCH])
+@pytest.mark.parametrize("chunk", [2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 19, 24, 25, 31, 33, 65, MAX_VERIFY_BATCH])
 def test_real_target_is_batch_invariant(real_target, chunk):
     """Verified logits equal one-token logits bit for bit, with the kernels in use (repacked weights, flash
     attention), after a prefix of 520 tokens (past the 512-entry KV length where stock llama.cpp splits a
