@@ -44,11 +44,11 @@ def real_target(qwen_pair):
     return LlamaModel(qwen_pair[0], n_ctx=1024, n_threads=2)
 
 
-# Each side of every kernel switch: repacked q4_K takes 16-row gemm blocks and passes the rows left to a
-# gemv that reads each weight block once for up to 3 of them (2-9, 15-17, 19, 31, 33; on CPUs without
-# AVX-512 a 4-row gemm instead), q6_K the small-batch GEMV up to 24 rows and the tiled kernel beyond (24,
-# 25); a verification is as long as the longest lookup draft plus one (65) and never longer than
-# MAX_VERIFY_BATCH, the largest batch flash attention keeps on its per-row exact path.
+# Each side of every kernel switch: repacked q4_K takes a gemv that reads each weight block once for up to
+# 3 rows, and with AVX-512 VNNI the tiled kernel from 32 rows (2-9, 31, 33), elsewhere the gemm's 4- and
+# 16-row blocks with the gemv for the rows left (2-9, 15-17, 19); q6_K the small-batch GEMV up to 24 rows
+# and the tiled kernel beyond (24, 25); a verification is as long as the longest lookup draft plus one (65)
+# and never longer than MAX_VERIFY_BATCH, the largest batch flash attention keeps on its per-row exact path.
 @pytest.mark.real
 @pytest.mark.parametrize("chunk", [2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 19, 24, 25, 31, 33, 65, MAX_VERIFY_BATCH])
 def test_real_target_is_batch_invariant(real_target, chunk):
