@@ -29,6 +29,11 @@ def user_profiles_dir() -> Path:
     return home() / "profiles"
 
 
+def pass_costs_file() -> Path:
+    """The target pass costs measured on this machine, remembered across sessions."""
+    return home() / "pass-costs.json"
+
+
 def check_component(name: str, what: str) -> str:
     """Return ``name`` if it is a safe single path component, else raise UnsafePathError."""
     if not _SAFE_COMPONENT.fullmatch(name):  # the whole name: a "$" anchor would let a trailing newline through

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from localspec import store
+from localspec import paths, store
 from localspec.engine.backend import DEFAULT_N_CTX, EXACT, LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.pass_costs import PassCostMemory
 from localspec.engine.proposers import DraftModelProposer
 from localspec.errors import IncompatibleError, UsageError
 from localspec.gguf.compat import Report, check_pair
@@ -143,4 +144,7 @@ def open_decoder(
         draft = DraftModelProposer(load_draft)
         # A decode step streams the weights once, so the file-size ratio is a fair first guess of the cost ratio.
         ratio = draft_path.stat().st_size / pair.target.stat().st_size
-    return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio)
+    pass_costs = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
+    return SpeculativeDecoder(
+        target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio, pass_costs=pass_costs
+    )

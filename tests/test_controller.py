@@ -234,3 +234,36 @@ def test_a_slow_spell_leaves_no_stale_costs():
         controller.record_pass(1, CPU[1])
     assert controller.pass_cost(9) == pytest.approx(CPU[9])
     assert controller.plan(lookup_available=64, lookup_match_len=4).method == "lookup"
+
+
+def test_remembered_costs_let_the_first_long_copy_take_the_length_that_pays():
+    """A curve measured in an earlier session (a 32-token pass costing little more than a 16-token one,
+    as llama.cpp switches kernels) sets the draft length at once; a controller that has measured only
+    the small batches extrapolates their slope and drafts shorter."""
+    curve = {1: 0.070, 2: 0.073, 4: 0.109, 8: 0.175, 16: 0.316, 32: 0.385, 64: 0.635}
+    fresh = measured({b: s for b, s in curve.items() if b <= 16}, method="lookup")
+    remembering = Controller("lookup")
+    remembering.remember({b: seconds / curve[1] for b, seconds in curve.items()})
+    for _ in range(TRUSTED_SAMPLES):
+        remembering.record_pass(1, curve[1])
+    assert remembering.pass_cost(32) == pytest.approx(curve[32])
+    for controller in (fresh, remembering):
+        for match_len in (8, 16, 32):
+            teach(controller, "lookup", match_len, 0.95, k=32)
+    guessed = fresh.plan(lookup_available=64, lookup_match_len=8)
+    known = remembering.plan(lookup_available=64, lookup_match_len=8)
+    assert guessed.k < 16 and known.k >= 31
+    # What it measures goes back to memory; the one-token pass and a prefill-sized pass do not.
+    remembering.record_pass(300, 2.0)
+    assert remembering.relative_costs() == pytest.approx({b: s / curve[1] for b, s in curve.items() if b > 1})
+
+
+def test_a_stale_remembered_cost_is_outvoted_by_this_sessions_passes():
+    controller = measured({1: 0.05}, method="auto")
+    controller.remember({8: 1.2, 1: 7.0, 500: 3.0})  # a one-token or prefill-sized entry is ignored
+    assert controller.pass_cost(8) == pytest.approx(0.06)
+    assert set(controller.relative_costs()) == {8}
+    for _ in range(TRUSTED_SAMPLES + 1):
+        controller.record_pass(8, 0.15)
+    assert controller.pass_cost(8) == pytest.approx(0.15)
+    assert controller.pass_cost(1) == pytest.approx(0.05)

@@ -13,6 +13,7 @@ import ctypes
 import functools
 import importlib.metadata
 import os
+import platform
 import re
 import sys
 import time
@@ -149,6 +150,15 @@ def _use_kernels(kernels: str) -> None:
     _kernels_in_process = kernels
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module knows."""
+    try:
+        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        match = None
+    return match.group(1).strip() if match else platform.processor() or platform.machine()
+
+
 def default_threads() -> int:
     """All usable cores on small machines; half of them (physical cores, usually) on larger ones."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -213,6 +223,7 @@ class LlamaModel:
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.n_threads = threads
+        self.n_gpu_layers = model_params.n_gpu_layers
         self.n_vocab: int = self._model.n_vocab()
         self.tokens: list[int] = []
         self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large eval
@@ -323,6 +334,20 @@ class LlamaModel:
             # The KV cache may hold part of the chunk; drop it so `tokens` stays the truth.
             self._ctx.kv_cache_seq_rm(0, n_past, -1)
             raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
+
+    def cost_identity(self) -> str:
+        """What sets this model's pass costs on this machine: file, threads, offload, kernels, build, CPU."""
+        stat = self.path.stat()
+        return " | ".join(
+            (
+                f"{self.path.name} {stat.st_size} {stat.st_mtime_ns}",
+                f"threads {self.n_threads}",
+                f"gpu layers {self.n_gpu_layers}",
+                f"kernels {self.kernels}",
+                f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+                cpu_model(),
+            )
+        )
 
     def another_context(self) -> LlamaModel:
         """The same loaded weights with a context and KV cache of their own, empty.

@@ -20,7 +20,7 @@ import bisect
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from localspec.engine.backend import MAX_VERIFY_BATCH
@@ -192,6 +192,24 @@ class Controller:
             self._sizes = sorted((*self._relative, batch_size))
         median = self._relative[batch_size] = statistics.median(samples)
         return median
+
+    def remember(self, relative: Mapping[int, float]) -> None:
+        """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
+
+        Each counts as a trusted measurement until passes of its size in this session outvote it.
+        """
+        for batch_size, value in relative.items():
+            if 1 < batch_size <= MAX_VERIFY_BATCH and batch_size not in self._relative:
+                for _ in range(TRUSTED_SAMPLES):
+                    self._add_sample(batch_size, value)
+
+    def relative_costs(self) -> dict[int, float]:
+        """Trusted verification pass costs relative to a one-token pass, for ``remember`` next session."""
+        return {
+            batch_size: value
+            for batch_size, value in self._relative.items()
+            if 1 < batch_size <= MAX_VERIFY_BATCH and len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
+        }
 
     def _measured(self, batch_size: int) -> float:
         return self._one * self._relative[batch_size]

@@ -18,6 +18,7 @@ from localspec.engine.acceptance import verify_greedy, verify_sampled
 from localspec.engine.backend import LlamaModel, common_prefix_length
 from localspec.engine.controller import Controller, Plan
 from localspec.engine.lookup import PromptLookupProposer
+from localspec.engine.pass_costs import PassCostMemory
 from localspec.engine.proposers import Draft, DraftModelProposer
 from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
 from localspec.engine.stats import GenerationStats
@@ -46,6 +47,7 @@ class SpeculativeDecoder:
         draft: optional draft-model proposer (same tokenizer).
         method, draft_len: see ``Controller``.
         draft_cost_ratio: prior guess of a draft step's cost relative to a target step.
+        pass_costs: where the target's pass costs are remembered from one session to the next.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class SpeculativeDecoder:
         method: str = "auto",
         draft_len: int | None = None,
         draft_cost_ratio: float = 0.5,
+        pass_costs: PassCostMemory | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -63,6 +66,9 @@ class SpeculativeDecoder:
         self.controller = Controller(
             method, draft_len=draft_len, has_draft_model=draft is not None, draft_cost_ratio=draft_cost_ratio
         )
+        self.pass_costs = pass_costs
+        if pass_costs is not None:
+            self.controller.remember(pass_costs.load())
         self.stats = GenerationStats()
 
     def _sync_lookup(self, context: Sequence[int]) -> None:
@@ -124,6 +130,8 @@ class SpeculativeDecoder:
             if self.draft is not None:
                 self.draft.sync(context)
             stats.controller = self.controller.costs()
+            if self.pass_costs is not None:
+                self.pass_costs.save(self.controller.relative_costs())
             stats.draft_status = self.controller.draft_status()
 
     def _round(

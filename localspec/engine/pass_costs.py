@@ -1,0 +1,72 @@
+"""Target pass costs remembered across sessions, so ``auto`` starts from this machine's cost curve.
+
+On a CPU the cost of a verification pass is far from linear in its size (here a 32-token pass cost
+less than twice a 16-token one: llama.cpp switches kernels), and a session learns a size only by
+paying for it. Remembering the measured curve lets the next session's first long copy take the draft
+length that pays instead of the one a guess allows. Costs are kept relative to a one-token pass, which
+every session measures afresh, and keyed by what sets them (model file, threads, kernels, build, CPU).
+They are seeded as measurements, so a stale one is outvoted after a few passes of that size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+# Machines and models remembered, most recent last; older ones are dropped.
+MAX_ENTRIES = 32
+
+
+class PassCostMemory:
+    """One JSON file of ``{identity: {batch size: cost relative to a one-token pass}}``.
+
+    A file that cannot be read or parsed counts as empty (it only holds measurements, which come
+    back), and it is rewritten whole through a temporary file, so a crash never leaves half of one.
+    """
+
+    def __init__(self, path: Path, identity: str) -> None:
+        self.path = path
+        self.identity = identity
+
+    def _read(self) -> dict[str, dict[str, float]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def load(self) -> dict[int, float]:
+        entry = self._read().get(self.identity)
+        if not isinstance(entry, dict):
+            return {}
+        costs = {}
+        for batch, relative in entry.items():
+            if batch.isdigit() and isinstance(relative, (int, float)) and relative > 0:
+                costs[int(batch)] = float(relative)
+        return costs
+
+    def save(self, costs: Mapping[int, float]) -> None:
+        """Merge ``costs`` into this identity's entry; a failed write is skipped (memory is optional)."""
+        if not costs:
+            return
+        data = self._read()
+        entry = data.pop(self.identity, None)
+        entry = entry if isinstance(entry, dict) else {}
+        entry.update({str(batch): round(relative, 4) for batch, relative in costs.items()})
+        data[self.identity] = entry
+        for stale in list(data)[: max(0, len(data) - MAX_ENTRIES)]:
+            del data[stale]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".pass-costs.")
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(data, handle, indent=1)
+            os.replace(tmp, self.path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)

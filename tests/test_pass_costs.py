@@ -1,0 +1,64 @@
+"""Pass costs remembered across sessions: the file, and a real decoder writing and reading it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec import paths
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.pass_costs import MAX_ENTRIES, PassCostMemory
+
+
+def test_costs_round_trip_per_identity(tmp_path):
+    path = tmp_path / "pass-costs.json"
+    here, there = PassCostMemory(path, "model A | cpu X"), PassCostMemory(path, "model A | cpu Y")
+    here.save({2: 1.05, 32: 5.5})
+    here.save({64: 9.0})  # merged with what is there
+    assert here.load() == {2: 1.05, 32: 5.5, 64: 9.0}
+    assert there.load() == {}
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"model A": {"2": "fast", "x": 1.0, "4": -1}}'])
+def test_a_damaged_file_counts_as_empty_and_is_rewritten(tmp_path, content):
+    path = tmp_path / "pass-costs.json"
+    path.write_text(content)
+    memory = PassCostMemory(path, "model A")
+    assert memory.load() == {}
+    memory.save({8: 2.5})
+    assert memory.load() == {8: 2.5}
+    assert [p.name for p in tmp_path.iterdir()] == ["pass-costs.json"]  # no temporary file left
+
+
+def test_an_unwritable_place_is_skipped_not_raised(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    PassCostMemory(blocker / "pass-costs.json", "model A").save({2: 1.0})
+
+
+def test_only_the_latest_machines_and_models_are_kept(tmp_path):
+    path = tmp_path / "pass-costs.json"
+    for i in range(MAX_ENTRIES + 3):
+        PassCostMemory(path, f"model {i}").save({2: 1.0})
+    kept = json.loads(path.read_text())
+    assert len(kept) == MAX_ENTRIES and "model 0" not in kept and f"model {MAX_ENTRIES + 2}" in kept
+
+
+def test_a_session_remembers_its_pass_costs_for_the_next(tiny_target):
+    target = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    memory = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
+    first = SpeculativeDecoder(target, method="lookup", draft_len=4, pass_costs=memory)
+    prompt = target.tokenize("the cat sat on the mat. the cat sat on the mat. the cat", add_bos=True)
+    for _ in range(3):
+        target.reset()
+        list(first.generate(prompt, max_tokens=40))
+    measured = first.controller.relative_costs()
+    assert measured and set(measured) <= set(range(2, 6))
+    assert memory.load() == pytest.approx({b: round(r, 4) for b, r in measured.items()}, abs=1e-4)
+    second = SpeculativeDecoder(target, method="lookup", pass_costs=memory)
+    assert second.controller.relative_costs() == pytest.approx(memory.load())
+    # Another thread count prices passes differently: it starts from nothing.
+    other = LlamaModel(tiny_target, n_ctx=256, n_threads=2)
+    assert PassCostMemory(paths.pass_costs_file(), other.cost_identity()).load() == {}
