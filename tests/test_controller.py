@@ -267,3 +267,14 @@ def test_a_stale_remembered_cost_is_outvoted_by_this_sessions_passes():
         controller.record_pass(8, 0.15)
     assert controller.pass_cost(8) == pytest.approx(0.15)
     assert controller.pass_cost(1) == pytest.approx(0.05)
+
+
+def test_remembered_costs_need_no_one_token_pass_to_report():
+    """A fixed draft length never times a one-token pass, so remembered sizes have no absolute price."""
+    controller = Controller("lookup", draft_len=2)
+    controller.remember({3: 1.3, 16: 3.0})
+    controller.record_pass(3, 0.09)
+    assert controller.plan(lookup_available=5, lookup_match_len=2).k == 2
+    assert controller.costs()["pass_s"] == {}
+    assert controller.catch_up_cost(10) == 0.0
+    assert controller.relative_costs() == {3: 1.3, 16: 3.0}

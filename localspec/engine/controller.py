@@ -302,14 +302,15 @@ class Controller:
         """
         per_token = self._catch_up_per_token
         if per_token is None:
-            largest = self._sizes[-1] if self._sizes else None
+            largest = self._sizes[-1] if self._sizes and self._one is not None else None
             per_token = 0.0 if largest is None else self._measured(largest) / largest * self.draft_cost_ratio
         return tokens * per_token
 
     def costs(self) -> dict:
         """The controller's current beliefs, for stats and the live view."""
         return {
-            "pass_s": {b: round(self._measured(b), 5) for b in self._sizes},
+            # Remembered sizes are relative to a one-token pass, which a fixed draft length never times.
+            "pass_s": {} if self._one is None else {b: round(self._measured(b), 5) for b in self._sizes},
             "draft_step_s": None if self._draft_step is None else round(self._draft_step, 5),
             "draft_catch_up_s_per_token": None
             if self._catch_up_per_token is None
