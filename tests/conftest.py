@@ -19,6 +19,15 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.timeout(REAL_TEST_TIMEOUT_S))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """Module- and session-scoped fixtures (a server process, say) are set up before the per-test home:
+    they get a home of their own, so no test run writes to the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOCALSPEC_HOME", str(tmp_path_factory.mktemp("session-home")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def localspec_home(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own empty LOCALSPEC_HOME, so no test sees the user's cache or another test's."""
