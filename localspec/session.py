@@ -146,5 +146,12 @@ def open_decoder(
         ratio = draft_path.stat().st_size / pair.target.stat().st_size
     pass_costs = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
     return SpeculativeDecoder(
-        target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio, pass_costs=pass_costs
+        target,
+        draft=draft,
+        method=method,
+        draft_len=draft_len,
+        draft_cost_ratio=ratio,
+        # Loading reads and repacks the weights, so it takes about as long per byte as the target's did.
+        draft_load_s=target.load_s * ratio,
+        pass_costs=pass_costs,
     )

@@ -278,3 +278,15 @@ def test_remembered_costs_need_no_one_token_pass_to_report():
     assert controller.costs()["pass_s"] == {}
     assert controller.catch_up_cost(10) == 0.0
     assert controller.relative_costs() == {3: 1.3, 16: 3.0}
+
+
+def test_loading_the_draft_is_charged_to_its_first_use():
+    """A short answer does not pay for loading a draft model; a long one may, and once it is loaded only
+    the catch-up is charged."""
+    controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15, draft_load_s=0.5)
+    in_step = dict(lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2)
+    assert controller.plan(**in_step, generated=0, remaining=96).method == "none"
+    assert controller.draft_status().startswith("not used: loading it and catching up on 2 tokens would cost 0.50 s")
+    assert controller.plan(**in_step, generated=2000, remaining=4000).method == "draft"
+    controller.record_draft(0, 0.0, 1, 0.003)
+    assert controller.plan(**in_step, generated=0, remaining=96).method == "draft"

@@ -186,6 +186,7 @@ class BenchRunner:
                 method=config.method,
                 draft_len=config.draft_len,
                 draft_cost_ratio=ratio,
+                draft_load_s=decoder.controller.draft_load_s,
                 pass_costs=decoder.pass_costs,
             )
             for config in settings.all_configs

@@ -188,6 +188,7 @@ class LlamaModel:
         stock kernels (see ``choose_kernels``).
         """
         llama_cpp, internals = _import_llama_cpp()
+        started = time.perf_counter()
         self._lib = llama_cpp
         threads = n_threads or default_threads()
         self.kernels = choose_kernels(exact=exact, gpu_layers=n_gpu_layers)
@@ -232,6 +233,7 @@ class LlamaModel:
         self.bos_id: int = self._model.token_bos()
         self.eos_id: int = self._model.token_eos()
         self.metadata: dict[str, str] = self._model.metadata()
+        self.load_s = time.perf_counter() - started  # prices loading a draft model of another size
 
     # -- tokenizer -------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:

@@ -8,8 +8,9 @@ draft model; for lookup, the estimate for the match that token continues), draft
 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens for one target pass of k + 1 tokens plus k draft steps;
 "none" yields one token for a pass of one. Where nothing beats "none", it does not speculate.
 
-A draft model's catch-up is paid once and repaid by the rounds after it, so in ``auto`` the draft is used
-only when its saving per token over the answer's expected remaining length exceeds its catch-up. Once
+A draft model's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
+it, so in ``auto`` the draft is used only when its saving per token over the answer's expected remaining
+length exceeds that cost. Once
 its measured costs show it cannot beat the target alone even at a hopeful acceptance, ``auto`` leaves it
 off for the session and ``draft_status`` says why.
 """
@@ -127,6 +128,7 @@ class Controller:
         draft_len: fixed draft length, or None to let the controller choose (capped by it in "auto").
         draft_cost_ratio: prior for (draft step time / one-token target pass) before it is measured,
             e.g. the ratio of the model file sizes; also scales the prior for the draft's catch-up.
+        draft_load_s: seconds loading the draft model will take, charged to its first use.
     """
 
     def __init__(
@@ -138,9 +140,11 @@ class Controller:
         draft_cost_ratio: float = 0.5,
         lookup_max: int = DEFAULT_LOOKUP_MAX,
         draft_max: int = DEFAULT_DRAFT_MAX,
+        draft_load_s: float = 0.0,
     ) -> None:
         self.has_draft_model = has_draft_model
         self.draft_cost_ratio = draft_cost_ratio
+        self.draft_load_s = draft_load_s
         self._limits = (lookup_max, draft_max)
         self.configure(method, draft_len)
         # One-token passes in seconds; larger passes relative to the one-token cost of their time, so a
@@ -216,6 +220,7 @@ class Controller:
 
     def record_draft(self, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
         """One round of the draft model: a catch-up batch (0 tokens when it was in step), then its steps."""
+        self.draft_load_s = 0.0  # loaded now
         if catch_up_tokens:
             self._catch_up_per_token = _ema(self._catch_up_per_token, catch_up_s / catch_up_tokens)
         if steps:
@@ -387,10 +392,11 @@ class Controller:
             return None
         saving = expected_remaining * (1.0 / none - 1.0 / best.expected_rate)
         tokens = catch_up()
-        cost = self.catch_up_cost(tokens)
+        cost = self.catch_up_cost(tokens) + self.draft_load_s
         if cost >= saving:
+            loading = "loading it and " if self.draft_load_s else ""
             self._draft_declined = (
-                f"not used: catching up on {tokens} tokens would cost {cost:.2f} s, more than the "
+                f"not used: {loading}catching up on {tokens} tokens would cost {cost:.2f} s, more than the "
                 f"{saving:.2f} s it could save over the rest of the answer"
             )
             return None

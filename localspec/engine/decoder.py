@@ -47,6 +47,7 @@ class SpeculativeDecoder:
         draft: optional draft-model proposer (same tokenizer).
         method, draft_len: see ``Controller``.
         draft_cost_ratio: prior guess of a draft step's cost relative to a target step.
+        draft_load_s: prior guess of the seconds loading the draft model takes (it loads on first use).
         pass_costs: where the target's pass costs are remembered from one session to the next.
     """
 
@@ -58,13 +59,18 @@ class SpeculativeDecoder:
         method: str = "auto",
         draft_len: int | None = None,
         draft_cost_ratio: float = 0.5,
+        draft_load_s: float = 0.0,
         pass_costs: PassCostMemory | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
         self.lookup = PromptLookupProposer(max_ngram=LOOKUP_MAX_NGRAM)
         self.controller = Controller(
-            method, draft_len=draft_len, has_draft_model=draft is not None, draft_cost_ratio=draft_cost_ratio
+            method,
+            draft_len=draft_len,
+            has_draft_model=draft is not None,
+            draft_cost_ratio=draft_cost_ratio,
+            draft_load_s=0.0 if draft is None or draft.loaded else draft_load_s,
         )
         self.pass_costs = pass_costs
         if pass_costs is not None:
