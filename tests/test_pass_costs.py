@@ -21,7 +21,7 @@ def test_costs_round_trip_per_identity(tmp_path):
     assert there.load() == {}
 
 
-@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"model A": {"2": "fast", "x": 1.0, "4": -1}}'])
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"model A": {"2": "fast", "x": 1.0, "4": -1, "8": Infinity}}'])
 def test_a_damaged_file_counts_as_empty_and_is_rewritten(tmp_path, content):
     path = tmp_path / "pass-costs.json"
     path.write_text(content)

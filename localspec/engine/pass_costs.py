@@ -11,6 +11,7 @@ They are seeded as measurements, so a stale one is outvoted after a few passes o
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -44,7 +45,7 @@ class PassCostMemory:
             return {}
         costs = {}
         for batch, relative in entry.items():
-            if batch.isdigit() and isinstance(relative, (int, float)) and relative > 0:
+            if batch.isdigit() and isinstance(relative, (int, float)) and 0 < relative < math.inf:
                 costs[int(batch)] = float(relative)
         return costs
 
