@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import platformdirs
@@ -59,3 +63,15 @@ def ensure_inside(base: Path, path: Path, *, what: str) -> Path:
     if resolved != root and root not in resolved.parents:
         raise UnsafePathError(f"{what} resolves outside {base}; remove the symlink")
     return path
+
+
+@contextmanager
+def temp_beside(dest: Path) -> Iterator[tuple[Path, io.BufferedWriter]]:
+    """A hidden temp file in dest's directory (same filesystem, so os.replace is atomic); removed on any failure."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield tmp, out
+    finally:
+        tmp.unlink(missing_ok=True)

