@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
+from localspec.engine.backend import KV
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.stats import GenerationStats
 from localspec.engine.text import TextPiece
@@ -177,6 +178,11 @@ class LiveView:
         text.append(f" · accepted {stats.acceptance_rate:4.0%} · {stats.mean_accepted_length:.2f} tok/pass")
         text.append(f" · k {k} ({method})" if k else " · k 0 (target alone)")
         text.append(f" · {stats.generated_tokens} tok · {stats.kernels} kernels")
+        if not stats.memory.startswith(KV):
+            # A recurrent state rolls back at a cost, or not at all: say which.
+            text.append(f"\n  memory {stats.memory}")
+            if stats.replayed_tokens:
+                text.append(f" · {stats.replayed_tokens} tokens replayed")
         positions = stats.per_position_acceptance[:MAX_CHART_POSITIONS]
         if positions:
             text.append(f"\n  by position 1▕{sparkline(positions)}▏{len(positions)}  ")
@@ -203,6 +209,8 @@ def summary_line(stats: GenerationStats) -> str:
         parts.append(f"accepted {stats.acceptance_rate:.0%} ({by_method})")
         parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
     parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
+    if stats.replayed_tokens:
+        parts.append(f"{stats.replayed_tokens} tokens replayed ({stats.rollback_s:.2f}s on rollbacks)")
     parts.append(f"stop: {stats.stop_reason}")
     parts.append(f"{stats.kernels} kernels")
     return " | ".join(parts)

@@ -290,3 +290,26 @@ def test_loading_the_draft_is_charged_to_its_first_use():
     assert controller.plan(**in_step, generated=2000, remaining=4000).method == "draft"
     controller.record_draft(0, 0.0, 1, 0.003)
     assert controller.plan(**in_step, generated=0, remaining=96).method == "draft"
+
+
+def test_a_recurrent_target_prices_drafts_past_its_snapshots():
+    """Past the snapshots a draft pays a checkpoint, and on a rejection a restore and a replay pass: dear
+    ones keep drafts inside the window, cheap ones let a sure copy run on."""
+    def plan(checkpoint_s, restore_s, window=4):
+        controller = measured(GPU, method="lookup", rollback_window=window)
+        teach(controller, "lookup", 32, 0.97, k=8)
+        controller.record_checkpoint(checkpoint_s)
+        controller.record_restore(restore_s + controller.pass_cost(3), 3)
+        return controller.plan(lookup_available=32, lookup_match_len=32)
+
+    assert plan(checkpoint_s=0.2, restore_s=0.2).k <= 4
+    assert plan(checkpoint_s=0.0001, restore_s=0.0001).k > 4
+    # A KV cache (no window) needs no checkpoint at all, whatever one would cost.
+    assert plan(checkpoint_s=0.2, restore_s=0.2, window=None).k > 4
+
+
+def test_a_target_that_cannot_roll_back_never_speculates_and_says_why():
+    controller = measured(CPU, method="auto", has_draft_model=True, speculation_off="no checkpoint")
+    teach(controller, "lookup", 32, 0.99)
+    assert controller.plan(lookup_available=32, lookup_match_len=32).method == "none"
+    assert "no checkpoint" in controller.draft_status()

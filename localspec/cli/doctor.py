@@ -14,6 +14,9 @@ import typer
 from localspec import __version__, paths, store
 from localspec.cli.console import err, format_size, out
 from localspec.engine import backend
+from localspec.errors import GGUFError
+from localspec.gguf.header import read_header
+from localspec.gguf.memory import architecture, speculation_note
 
 # CPU features that decide which llama.cpp kernels can run.
 CPU_FLAGS = (
@@ -69,9 +72,17 @@ def _report_cache() -> None:
     files = store.cached_files()
     out.print(f"model cache: {models} ({len(files)} files, {format_size(sum(s for _, s in files)) if files else 'empty'})")
     for path, size in files:
-        out.print(f"  {path.relative_to(models)}  {format_size(size)}")
+        out.print(f"  {path.relative_to(models)}  {format_size(size)}  {_memory_line(path)}")
     existing = next(p for p in (models, *models.parents) if p.exists())
     out.print(f"free disk: {format_size(shutil.disk_usage(existing).free)} at {existing}")
+
+
+def _memory_line(path: Path) -> str:
+    """How speculation rolls this model's memory back (from its header; nothing is loaded)."""
+    try:
+        return speculation_note(architecture(read_header(path, check_tensors=False)))
+    except (GGUFError, OSError) as exc:
+        return f"(header unreadable: {exc})"
 
 
 def cpu_features() -> list[str]:

@@ -27,6 +27,10 @@ from localspec.errors import ContextFullError, LocalspecError
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
+# Recurrent-state snapshots kept per pass where the architecture supports them (llama.cpp's n_rs_seq):
+# a verification of up to this many drafts rolls back in place. Each snapshot costs one recurrent state
+# (MemoryPlan.snapshot_bytes); a longer verification saves a checkpoint instead.
+DEFAULT_ROLLBACK_SNAPSHOTS = 16
 # Evals of at least this many tokens are timed and kept as `large_eval`, a cost anchor for long drafts.
 LARGE_EVAL = 64
 
@@ -165,10 +169,58 @@ def default_threads() -> int:
     return n if n <= 4 else n // 2
 
 
+# What a model's memory is, and so how positions are taken back out of it (see LlamaModel.rollback).
+KV = "kv"  # attention only: llama.cpp cuts any trailing positions out of the KV cache
+HYBRID = "hybrid"  # attention beside a recurrent state (Qwen3.5/3.6, LFM2, Nemotron-H, Granite 4)
+RECURRENT = "recurrent"  # a recurrent state only (Mamba, RWKV)
+# How the rejected drafts of a verification leave a recurrent state.
+SNAPSHOTS = "snapshots"  # per-token snapshots of the last pass (n_rs_seq): removed in place, for free
+CHECKPOINT = "checkpoint"  # the state saved before the pass, restored, and the accepted tokens replayed
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a loaded model's memory rolls back, for the controller's prices and for people to read."""
+
+    memory: str  # KV, HYBRID or RECURRENT
+    snapshots: int  # trailing positions of one pass removable in place (n_rs_seq); unlimited for KV
+    checkpoint_bytes: int  # one saved recurrent state (0 for KV)
+    refused: str | None = None  # why no rollback works at all: speculation is off for this model
+
+    @property
+    def method(self) -> str:
+        """How a verification's rejected drafts are removed: KV, SNAPSHOTS (then CHECKPOINT past them), or
+        CHECKPOINT."""
+        if self.memory == KV:
+            return KV
+        return SNAPSHOTS if self.snapshots else CHECKPOINT
+
+    def describe(self) -> str:
+        if self.memory == KV:
+            return "kv: KV cache only, rejected drafts are cut out in place"
+        if self.refused:
+            return f"{self.memory}: no speculation ({self.refused})"
+        state = f"{self.checkpoint_bytes / 2**20:.1f} MiB per recurrent state"
+        if self.snapshots:
+            return (
+                f"{self.memory}: {self.snapshots} snapshots per pass ({self.snapshots * self.checkpoint_bytes / 2**20:.0f} MiB), "
+                f"longer drafts checkpoint and replay; {state}"
+            )
+        return f"{self.memory}: checkpoint before each verification, replay the accepted tokens; {state}"
+
+
+@dataclass
+class _Checkpoint:
+    n_past: int
+    state: ctypes.Array
+
+
 class LlamaModel:
     """A GGUF model with its own context and KV cache, driven token batch by token batch.
 
     ``tokens`` mirrors what the KV cache holds, so callers can reuse a common prefix across calls.
+    Hybrid and recurrent models keep a recurrent state that llama.cpp cannot cut arbitrary positions out
+    of; ``rollback`` still always reaches the position asked for (see there), and ``memory_plan`` says how.
     """
 
     def __init__(
@@ -181,11 +233,13 @@ class LlamaModel:
         n_batch: int = DEFAULT_N_BATCH,
         vocab_only: bool = False,
         exact: bool | None = None,
+        rollback_snapshots: int = DEFAULT_ROLLBACK_SNAPSHOTS,
     ) -> None:
         """Load ``path``; with ``vocab_only`` just the tokenizer (no weights, no context: tokenize only).
 
         ``exact``: None picks bit-exact verification where it costs nothing, True forces it, False runs
-        stock kernels (see ``choose_kernels``).
+        stock kernels (see ``choose_kernels``). ``rollback_snapshots``: recurrent-state snapshots to keep
+        per pass where the architecture supports them (see DEFAULT_ROLLBACK_SNAPSHOTS).
         """
         llama_cpp, internals = _import_llama_cpp()
         started = time.perf_counter()
@@ -212,6 +266,9 @@ class LlamaModel:
         context_params.no_perf = True
         try:
             self._model = internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
+            memory = _memory_kind(llama_cpp, self._model.model)
+            # llama.cpp clamps n_rs_seq to 0 for architectures without snapshot support.
+            context_params.n_rs_seq = rollback_snapshots if memory != KV else 0
             if not vocab_only:
                 self._ctx = internals.LlamaContext(model=self._model, params=context_params, verbose=False)
                 self._batch = internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -233,6 +290,10 @@ class LlamaModel:
         self.bos_id: int = self._model.token_bos()
         self.eos_id: int = self._model.token_eos()
         self.metadata: dict[str, str] = self._model.metadata()
+        self._removable = 0  # trailing positions the last pass's snapshots can remove in place, once
+        self._checkpoint: _Checkpoint | None = None
+        self.replayed_tokens = 0  # tokens evaluated again because a rollback could not keep them
+        self.memory_plan = MemoryPlan(KV, 0, 0) if vocab_only else self._plan_memory(memory)
         self.load_s = time.perf_counter() - started  # prices loading a draft model of another size
 
     # -- tokenizer -------------------------------------------------------------------------------
@@ -267,14 +328,82 @@ class LlamaModel:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def rollback(self, n_past: int) -> None:
-        """Forget everything after the first ``n_past`` tokens in the KV cache."""
-        if n_past < len(self.tokens):
-            self._ctx.kv_cache_seq_rm(0, n_past, -1)
+    def rollback(self, n_past: int) -> float:
+        """Make the memory hold exactly the first ``n_past`` tokens; returns the seconds it took.
+
+        A KV cache cuts the rest out. A recurrent state is rolled back in place when the last pass's
+        snapshots reach (once per pass), else restored from the checkpoint, if one was saved at or before
+        ``n_past``, and the tokens after it evaluated again, else cleared and re-evaluated from the start
+        (``replayed_tokens`` counts those). It never continues from a state built on removed tokens.
+        """
+        drop = len(self.tokens) - n_past
+        if drop <= 0:
+            return 0.0
+        started = time.perf_counter()
+        memory = self._ctx.memory
+        if self.memory_plan.memory == KV or drop <= self._removable:
+            if not self._lib.llama_memory_seq_rm(memory, 0, n_past, -1):
+                raise LocalspecError(f"llama.cpp refused to roll {self.path.name} back to position {n_past}")
             del self.tokens[n_past:]
+            self._removable = 0  # llama.cpp takes one snapshot rollback per pass
+            return time.perf_counter() - started
+        checkpoint = self._checkpoint
+        if checkpoint is not None and checkpoint.n_past <= n_past:
+            state = checkpoint.state
+            flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if self._lib.llama_state_seq_set_data_ext(self._ctx.ctx, state, len(state), 0, flags) != len(state):
+                raise LocalspecError(f"llama.cpp could not restore the state of {self.path.name}")
+            start = checkpoint.n_past
+        else:
+            start = 0
+        # The restored state is at ``start``; attention caches still hold cells past it.
+        if not self._lib.llama_memory_seq_rm(memory, 0, start, -1):
+            raise LocalspecError(f"llama.cpp refused to clear {self.path.name} from position {start}")
+        replay = self.tokens[start:n_past]
+        del self.tokens[start:]
+        self._removable = 0
+        if replay:
+            # A replay from a checkpoint stands in for a verification (exact kernels); from the start it is
+            # a prompt prefill, as a new request would do.
+            self.eval(replay, n_logits=0, prefill=start == 0)
+            self.replayed_tokens += len(replay)
+        return time.perf_counter() - started
+
+    def checkpoint(self) -> float:
+        """Save the recurrent state at the current position, so a later rollback to it or past it can
+        restore it; returns the seconds it took. A no-op for a KV cache, which rolls back anywhere."""
+        if self.memory_plan.memory == KV:
+            return 0.0
+        started = time.perf_counter()
+        flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, flags)
+        checkpoint = self._checkpoint
+        if checkpoint is None or len(checkpoint.state) != size:
+            checkpoint = self._checkpoint = _Checkpoint(0, (ctypes.c_uint8 * size)())
+        if self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, checkpoint.state, size, 0, flags) != size:
+            self._checkpoint = None
+            raise LocalspecError(f"llama.cpp could not save the state of {self.path.name}")
+        checkpoint.n_past = self.n_past
+        return time.perf_counter() - started
+
+    def can_remove(self, n: int) -> bool:
+        """Whether the next pass's last ``n`` positions can be rolled back in place (no checkpoint needed)."""
+        return self.memory_plan.memory == KV or n <= self.memory_plan.snapshots
 
     def reset(self) -> None:
         self.rollback(0)
+
+    def _plan_memory(self, memory: str) -> MemoryPlan:
+        if memory == KV:
+            return MemoryPlan(KV, 0, 0)
+        snapshots = int(self._lib.llama_n_rs_seq(self._ctx.ctx))
+        # Save the empty state once: it proves checkpoints work here and sizes one.
+        flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, flags)
+        state = (ctypes.c_uint8 * size)()
+        if size == 0 or self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, state, size, 0, flags) != size:
+            return MemoryPlan(memory, 0, 0, refused="llama.cpp can neither cut nor save its recurrent state")
+        return MemoryPlan(memory, snapshots, size)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the KV cache already holds."""
@@ -307,6 +436,9 @@ class LlamaModel:
                 chunk = tokens[start : start + self.n_batch]
                 self._decode(chunk, first_logit - start)
                 self.tokens.extend(chunk)
+                # llama.cpp keeps the trailing n_rs_seq + 1 tokens of a pass in one ubatch, whose states
+                # are the snapshots; the first of them has none before it within the pass.
+                self._removable = min(self.memory_plan.snapshots, len(chunk) - 1)
                 if progress is not None:
                     progress(start + len(chunk), n)
         finally:
@@ -333,8 +465,15 @@ class LlamaModel:
             batch.logits[i] = i >= first_logit
         code = self._lib.llama_decode(self._ctx.ctx, batch)
         if code != 0:
-            # The KV cache may hold part of the chunk; drop it so `tokens` stays the truth.
-            self._ctx.kv_cache_seq_rm(0, n_past, -1)
+            # The memory may hold part of the chunk; drop it so `tokens` stays the truth. A recurrent state
+            # cannot say how far it got, so it starts over.
+            self._removable = 0
+            if self.memory_plan.memory == KV:
+                self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
+            else:
+                self._lib.llama_memory_clear(self._ctx.memory, True)
+                self.tokens.clear()
+                self._checkpoint = None
             raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
 
     def cost_identity(self) -> str:
@@ -348,6 +487,8 @@ class LlamaModel:
                 f"kernels {self.kernels}",
                 f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
                 cpu_model(),
+                # Snapshots are written on every pass; a dense model's identity stays as it was.
+                *([f"memory {self.memory_plan.method} {self.memory_plan.snapshots}"] if self.memory_plan.memory != KV else []),
             )
         )
 
@@ -363,12 +504,21 @@ class LlamaModel:
         other._shares_model = True
         other.tokens = []
         other.large_eval = None
+        other._removable = 0
+        other._checkpoint = None
+        other.replayed_tokens = 0
         return other
 
     def close(self) -> None:
         for part in ("_batch", "_ctx") if self._shares_model else ("_batch", "_ctx", "_model"):
             if hasattr(self, part):
                 getattr(self, part).close()
+
+
+def _memory_kind(llama_cpp, model) -> str:
+    if llama_cpp.llama_model_is_hybrid(model):
+        return HYBRID
+    return RECURRENT if llama_cpp.llama_model_is_recurrent(model) else KV
 
 
 # The AMX backend's own symbols/buffer-type name; "ggml_cpu_has_amx_int8" alone is only a feature probe.

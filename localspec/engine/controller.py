@@ -141,8 +141,14 @@ class Controller:
         lookup_max: int = DEFAULT_LOOKUP_MAX,
         draft_max: int = DEFAULT_DRAFT_MAX,
         draft_load_s: float = 0.0,
+        rollback_window: int | None = None,
+        speculation_off: str | None = None,
     ) -> None:
         self.has_draft_model = has_draft_model
+        # A recurrent target removes at most this many rejected drafts in place (None: any, a KV cache);
+        # a longer draft pays a checkpoint, and on a partial acceptance a restore and a replay.
+        self.rollback_window = rollback_window
+        self.speculation_off = speculation_off  # why this target cannot speculate at all
         self.draft_cost_ratio = draft_cost_ratio
         self.draft_load_s = draft_load_s
         self._limits = (lookup_max, draft_max)
@@ -158,6 +164,8 @@ class Controller:
         self._draft_step: float | None = None
         self._catch_up_per_token: float | None = None
         self._overhead = 0.0
+        self._checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
+        self._restore_s: float | None = None  # restoring one, beyond the replay pass itself
         self._lookup = {bucket: _Acceptance(a) for bucket, a in PRIOR_LOOKUP_ACCEPTANCE.items()}
         self._buckets = sorted(self._lookup)  # planning looks one up per draft position, so by bisection
         self._draft = _Acceptance(PRIOR_DRAFT_ACCEPTANCE)
@@ -225,6 +233,15 @@ class Controller:
             self._catch_up_per_token = _ema(self._catch_up_per_token, catch_up_s / catch_up_tokens)
         if steps:
             self._draft_step = _ema(self._draft_step, steps_s / steps)
+
+    def record_checkpoint(self, seconds: float) -> None:
+        self._checkpoint_s = _ema(self._checkpoint_s, seconds)
+
+    def record_restore(self, seconds: float, replayed: int) -> None:
+        """A restored checkpoint and the ``replayed`` tokens evaluated again on it; the replay itself is
+        priced as a pass of that size, so only the rest is kept."""
+        replay = self.pass_cost(replayed) or 0.0
+        self._restore_s = _ema(self._restore_s, max(0.0, seconds - replay))
 
     def record_overhead(self, seconds: float) -> None:
         self._overhead += COST_EMA * (seconds - self._overhead)
@@ -321,12 +338,16 @@ class Controller:
             if self._catch_up_per_token is None
             else round(self._catch_up_per_token, 6),
             "overhead_s": round(self._overhead, 5),
+            "checkpoint_s": None if self._checkpoint_s is None else round(self._checkpoint_s, 5),
+            "restore_s": None if self._restore_s is None else round(self._restore_s, 5),
             "lookup_acceptance": {b: round(e.rate, 3) for b, e in self._lookup.items()},
             "draft_acceptance": round(self._draft.rate, 3),
         }
 
     def draft_status(self) -> str | None:
         """Why ``auto`` does or does not use the draft model, in one line; None without a draft model."""
+        if self.speculation_off is not None:
+            return f"no speculation on this target: {self.speculation_off}"
         if not self.has_draft_model:
             return None
         if self.method in DRAFT_MODEL_METHODS:
@@ -347,10 +368,17 @@ class Controller:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
         best = None
         tokens, reach = 1.0, 1.0
+        window = self.rollback_window
+        restore = 0.0  # expected restore-and-replay seconds, should the draft be rolled back from a checkpoint
         for k, rate_i in enumerate(rates, start=1):
+            if window is not None:
+                # k - 1 drafts accepted, the k-th rejected: replay the last token and those k - 1.
+                restore += reach * (1.0 - rate_i) * ((self._restore_s or 0.0) + self.pass_cost(k))
             reach *= rate_i
             tokens += reach
             pass_cost = self.pass_cost(k + 1)
+            if window is not None and k > window:
+                pass_cost += (self._checkpoint_s or 0.0) + restore
             rate = tokens / (pass_cost + k * step_cost + self._overhead)
             if best is None or rate > best.expected_rate:
                 best = Plan(source, k, tokens, rate)
@@ -423,7 +451,7 @@ class Controller:
         """
         method = self.method
         lookup_k = min(lookup_available, self.lookup_max)
-        if method == "none" or (method == "lookup" and lookup_k == 0):
+        if method == "none" or (method == "lookup" and lookup_k == 0) or self.speculation_off is not None:
             return Plan("none", 0, 1.0, 0.0)
         if self.draft_len is not None and method != "auto":
             if method == "lookup" or (method == "hybrid" and lookup_k > 0):

@@ -15,7 +15,7 @@ from time import perf_counter
 import numpy as np
 
 from localspec.engine.acceptance import verify_greedy, verify_sampled
-from localspec.engine.backend import LlamaModel, common_prefix_length
+from localspec.engine.backend import KV, LlamaModel, common_prefix_length
 from localspec.engine.controller import Controller, Plan
 from localspec.engine.lookup import PromptLookupProposer
 from localspec.engine.pass_costs import PassCostMemory
@@ -65,12 +65,15 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = draft
         self.lookup = PromptLookupProposer(max_ngram=LOOKUP_MAX_NGRAM)
+        memory = target.memory_plan
         self.controller = Controller(
             method,
             draft_len=draft_len,
             has_draft_model=draft is not None,
             draft_cost_ratio=draft_cost_ratio,
             draft_load_s=0.0 if draft is None or draft.loaded else draft_load_s,
+            rollback_window=None if memory.memory == KV else memory.snapshots,
+            speculation_off=memory.refused,
         )
         self.pass_costs = pass_costs
         if pass_costs is not None:
@@ -105,14 +108,17 @@ class SpeculativeDecoder:
                 f"prompt is {len(prompt)} tokens but the context window is {target.n_ctx}; "
                 "use a larger --ctx or a shorter prompt"
             )
-        stats = self.stats = GenerationStats(prompt_tokens=len(prompt), kernels=self.target.kernels)
+        stats = self.stats = GenerationStats(
+            prompt_tokens=len(prompt), kernels=target.kernels, memory=target.memory_plan.describe()
+        )
         rng = np.random.default_rng(sampling.seed)
         start = perf_counter()
+        replayed = target.replayed_tokens
         keep = min(target.common_prefix(prompt), len(prompt) - 1)
-        target.rollback(keep)
+        target.rollback(keep)  # a recurrent state may have to evaluate part of the prefix again
         self._sync_lookup(prompt)
         logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress, prefill=True)[0]
-        stats.prefill_tokens = len(prompt) - keep
+        stats.prefill_tokens = len(prompt) - keep + target.replayed_tokens - replayed
         stats.prefill_s = perf_counter() - start
         if target.large_eval is not None:
             # A measured pass larger than most drafts anchors what long drafts cost; on a CPU they can
@@ -133,6 +139,7 @@ class SpeculativeDecoder:
         finally:
             # The last emitted token is never in the KV cache: the next round (or turn) evaluates it.
             target.rollback(min(target.n_past, len(context) - 1))
+            stats.replayed_tokens = target.replayed_tokens - replayed
             if self.draft is not None:
                 self.draft.sync(context)
             stats.controller = self.controller.costs()
@@ -170,6 +177,10 @@ class SpeculativeDecoder:
             draft = Draft([], None, "none")
 
         batch = [context[-1], *draft.tokens]
+        rollback_s = 0.0
+        if not target.can_remove(len(draft.tokens)):
+            rollback_s = target.checkpoint()
+            controller.record_checkpoint(rollback_s)
         t = perf_counter()
         logits = target.eval(batch, n_logits=len(batch))
         verify_s = perf_counter() - t
@@ -178,7 +189,6 @@ class SpeculativeDecoder:
             accepted, token = verify_greedy(draft.tokens, logits.argmax(axis=1))
         else:
             accepted, token = verify_sampled(draft.tokens, draft.q, ProbabilityRows(logits, sampling), rng)
-        target.rollback(len(context) + accepted)
 
         drafted = len(draft.tokens)
         method = draft.source if drafted else "none"
@@ -190,7 +200,15 @@ class SpeculativeDecoder:
             draft.tokens[:accepted] + [token], [draft.source] * accepted + ["target"], method, drafted, accepted
         )
         step = self._emit(context, step, max_tokens)
-        overhead = perf_counter() - round_start - draft_s - verify_s
+        # Rejected drafts (and, after an end of generation, accepted ones) leave the cache; the new last
+        # token is evaluated by the next round.
+        replayed = target.replayed_tokens
+        restore_s = target.rollback(len(context) - 1)
+        if target.replayed_tokens > replayed:
+            controller.record_restore(restore_s, target.replayed_tokens - replayed)
+        rollback_s += restore_s
+        stats.rollback_s += rollback_s
+        overhead = perf_counter() - round_start - draft_s - verify_s - rollback_s
         stats.overhead_s += overhead
         controller.record_overhead(overhead)
         return step

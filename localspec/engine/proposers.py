@@ -77,14 +77,17 @@ class DraftModelProposer:
         rng: np.random.Generator,
     ) -> Draft:
         model = self.model
-        keep, batch = _split_catch_up(model.common_prefix(context), len(context))
-        model.rollback(keep)
-        max_tokens = min(max_tokens, model.n_ctx - len(context))
         started = perf_counter()
+        keep, batch = _split_catch_up(model.common_prefix(context), len(context))
+        model.rollback(keep)  # a recurrent draft restores its checkpoint and replays, counted in its steps
+        max_tokens = min(max_tokens, model.n_ctx - len(context))
+        catch_up_started = perf_counter()
         if batch:
             model.eval(context[keep : keep + batch], n_logits=0, prefill=True)  # the draft need not be exact
-        catch_up_s = perf_counter() - started
+        catch_up_s = perf_counter() - catch_up_started
         logits = model.eval(context[keep + batch :], n_logits=1)[0]
+        if max_tokens > 1:
+            model.checkpoint()  # its steps are one-token passes, whose drafts no snapshot can take back
         steps = 1
         tokens: list[int] = []
         qs: list[np.ndarray] = []

@@ -31,9 +31,12 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
+    rollback_s: float = 0.0  # recurrent state: checkpoints saved, restored and accepted tokens replayed
+    replayed_tokens: int = 0  # tokens evaluated again because a recurrent state could not cut them out
     first_token_s: float | None = None  # time to first token, from the start of the generation
     stop_reason: str | None = None
     kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/backend.py
+    memory: str = ""  # the target's memory and how it rolls back (MemoryPlan.describe)
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
     draft_status: str | None = None  # whether auto uses the draft model and why; None without one
 
@@ -60,7 +63,7 @@ class GenerationStats:
         total = cls()
         for s in generations:
             for name in ("prompt_tokens", "prefill_tokens", "generated_tokens", "rounds", "drafted", "accepted",
-                         "prefill_s", "draft_s", "verify_s", "overhead_s"):
+                         "prefill_s", "draft_s", "verify_s", "overhead_s", "rollback_s", "replayed_tokens"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             for mine, theirs in ((total.drafted_by_method, s.drafted_by_method),
                                  (total.accepted_by_method, s.accepted_by_method),
@@ -89,7 +92,7 @@ class GenerationStats:
 
     @property
     def decode_s(self) -> float:
-        return self.draft_s + self.verify_s + self.overhead_s
+        return self.draft_s + self.verify_s + self.overhead_s + self.rollback_s
 
     @property
     def decode_tok_per_s(self) -> float:
@@ -124,12 +127,15 @@ class GenerationStats:
                 "draft": round(self.draft_s, 4),
                 "verify": round(self.verify_s, 4),
                 "overhead": round(self.overhead_s, 4),
+                "rollback": round(self.rollback_s, 4),
             },
+            "replayed_tokens": self.replayed_tokens,
             "ttft_s": None if self.first_token_s is None else round(self.first_token_s, 4),
             "decode_tok_per_s": round(self.decode_tok_per_s, 2),
             "prefill_tok_per_s": round(self.prefill_tok_per_s, 2),
             "stop_reason": self.stop_reason,
             "kernels": self.kernels,
+            "memory": self.memory,
             "controller": self.controller,
             "draft_status": self.draft_status,
         }

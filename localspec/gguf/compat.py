@@ -19,6 +19,7 @@ from pathlib import Path
 from gguf import TokenType
 
 from localspec.errors import GGUFError, TemplateError
+from localspec.gguf.memory import architecture, speculation_note
 from localspec.gguf.templates import render_chat, template_security_findings
 from localspec.gguf.tokenizer import VocabOnlyTokenizer
 
@@ -136,6 +137,7 @@ def check_pair(
         *_template_security_findings(t),
         *_template_security_findings(d),
         _template_finding(t, d),
+        _memory_finding(t, d),
     ]
     findings.append(_round_trip_finding(t, d, target_vocab_path, draft_vocab_path, findings))
     return make_report(findings)
@@ -278,6 +280,12 @@ def _template_finding(t: _Side, d: _Side) -> Finding:
         return Finding("chat-template", "ok", "Chat templates differ in source but render identically", f"{len(same)} sample conversations")
     detail = f"identical for: {', '.join(same) or 'none'}; {first_diff}"
     return Finding("chat-template", "warning", f"Chat templates render differently for: {', '.join(differ)}", detail)
+
+
+def _memory_finding(t: _Side, d: _Side) -> Finding:
+    """Informational: how each model's memory rolls back, which sets what speculation costs on it."""
+    notes = [f"{side.name} {speculation_note(architecture(side.header))}" for side in (t, d)]
+    return Finding("memory", "ok", "Memory and rollback", "; ".join(notes))
 
 
 def _renderable(side: _Side) -> bool:

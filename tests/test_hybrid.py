@@ -1,0 +1,247 @@
+"""Hybrid and recurrent targets (Qwen3.5-style Gated DeltaNet, LFM2, Mamba) on tiny generated models.
+
+llama.cpp cannot cut positions out of a recurrent state as it cuts a KV cache: it refuses, or (past
+the snapshots of the last pass) would decode on a state built on rejected tokens. Every test here
+checks output or logits against the target alone, from a fresh context where it matters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.conversation import Conversation
+from localspec.engine.backend import CHECKPOINT, HYBRID, KV, RECURRENT, SNAPSHOTS, LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.sampling import SamplingParams
+from localspec.gguf.memory import memory_kind
+from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
+
+ARCHITECTURES = ["qwen35", "lfm2", "mamba"]
+PROMPT = "hello world the code print x = hello world the code"
+N_CTX = 512
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def hybrid(request, make_tiny_model):
+    """(architecture, target path, draft path): the draft is the target with seeded noise, so it agrees
+    often but not always."""
+    arch = request.param
+    target = make_tiny_model(f"{arch}-target", architecture=arch, seed=3, logit_scale=8.0)
+    draft = make_tiny_model(f"{arch}-draft", architecture=arch, seed=3, logit_scale=8.0, perturb_seed=1,
+                            perturb_scale=0.5)
+    return arch, target, draft
+
+
+def load(path, **options) -> LlamaModel:
+    return LlamaModel(path, n_ctx=N_CTX, n_threads=1, **options)
+
+
+def make_decoder(target, draft=None, *, method="auto", draft_len=None, **options) -> SpeculativeDecoder:
+    proposer = DraftModelProposer(lambda: load(draft, **options), min_confidence=0.0) if draft else None
+    return SpeculativeDecoder(load(target, **options), draft=proposer, method=method, draft_len=draft_len)
+
+
+def generate(decoder, prompt, max_tokens=40, sampling=SamplingParams()):
+    return [t for step in decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling) for t in step.tokens]
+
+
+class PlantedMistakes:
+    """A lookup stand-in that drafts the target's own greedy answer with a wrong token planted in every
+    other draft, so rounds alternate between full and partial acceptance (rollbacks of every length)."""
+
+    def __init__(self, prompt_len: int, answer: list[int], wrong: int) -> None:
+        self.history: list[int] = []
+        self.prompt_len, self.answer, self.wrong = prompt_len, answer, wrong
+        self.last_match_len = 8
+        self.rounds = 0
+
+    def truncate(self, n: int) -> None:
+        del self.history[n:]
+
+    def extend(self, tokens) -> None:
+        self.history.extend(tokens)
+
+    def propose(self, k: int) -> list[int]:
+        done = len(self.history) - self.prompt_len
+        draft = list(self.answer[done : done + k])
+        self.rounds += 1
+        if self.rounds % 2 and draft:
+            draft[min(len(draft) - 1, self.rounds % 5)] = self.wrong
+        return draft
+
+
+@pytest.fixture(scope="module")
+def baseline(hybrid):
+    arch, target, draft = hybrid
+    decoder = make_decoder(target, method="none")
+    prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+    return prompt, generate(decoder, prompt)
+
+
+def test_memory_kind_is_detected_and_matches_the_header_table(hybrid):
+    arch, target, _ = hybrid
+    plan = load(target).memory_plan
+    assert plan.memory == memory_kind(arch) == (RECURRENT if arch == "mamba" else HYBRID)
+    # llama.cpp keeps snapshots for qwen35 and lfm2, and clamps mamba's to none.
+    assert plan.method == (CHECKPOINT if arch == "mamba" else SNAPSHOTS)
+    assert plan.checkpoint_bytes > 0 and plan.refused is None
+
+
+def test_a_dense_model_keeps_its_kv_cache_plan(tiny_target):
+    plan = load(tiny_target).memory_plan
+    assert (plan.memory, plan.method, plan.checkpoint_bytes) == (KV, KV, 0)
+
+
+@pytest.mark.parametrize("drop", [1, 3, 6, 9])
+def test_rollback_gives_the_logits_of_a_fresh_context(hybrid, drop):
+    """Within the last pass's snapshots, past them, and past the pass itself: never a state built on
+    removed tokens, and never a silent refusal."""
+    _, target, _ = hybrid
+    model, fresh = load(target), load(target)
+    tokens = model.tokenize(PROMPT, add_bos=True)
+    model.eval(tokens[:5], n_logits=0)
+    model.eval(tokens[5:12], n_logits=0)  # a 7-token pass, as a verification of 6 drafts
+    keep = 12 - drop
+    model.rollback(keep)
+    assert model.tokens == tokens[:keep]
+    after = model.eval(tokens[keep:14], n_logits=1)[0]
+    expected = fresh.eval(tokens[:14], n_logits=1)[0]
+    np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_llama_cpp_refuses_a_partial_rollback_of_a_plain_recurrent_state(make_tiny_model):
+    """The premise: seq_rm on Mamba's state fails and keeps the state. LlamaModel must then restore or
+    re-evaluate, and says so in replayed_tokens."""
+    path = make_tiny_model("mamba-target", architecture="mamba", seed=3, logit_scale=8.0)
+    model = load(path)
+    tokens = model.tokenize(PROMPT, add_bos=True)[:10]
+    model.eval(tokens, n_logits=0)
+    assert not model._lib.llama_memory_seq_rm(model._ctx.memory, 0, 8, -1)
+    model.rollback(8)
+    assert model.replayed_tokens == 8 and model.tokens == tokens[:8]
+
+
+def test_checkpoint_restore_replays_only_the_tokens_after_it(hybrid):
+    _, target, _ = hybrid
+    model = load(target, rollback_snapshots=0)
+    tokens = model.tokenize(PROMPT, add_bos=True)
+    model.eval(tokens[:10], n_logits=0)
+    model.checkpoint()
+    model.eval(tokens[10:16], n_logits=0)
+    model.rollback(12)
+    assert model.replayed_tokens == 2
+    np.testing.assert_allclose(
+        model.eval(tokens[12:14])[0], load(target).eval(tokens[:14])[0], rtol=1e-4, atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("method,draft_len", [("lookup", 4), ("lookup", 12), ("lookup", 24), ("auto", None)])
+def test_planted_mistakes_roll_back_to_the_target_alone_output(hybrid, baseline, method, draft_len):
+    """Drafts of 4 fit in qwen35/lfm2's snapshots, 24 do not (a checkpoint, restore and replay)."""
+    _, target, _ = hybrid
+    prompt, expected = baseline
+    decoder = make_decoder(target, method=method, draft_len=draft_len)
+    wrong = next(t for t in range(3, 300) if t not in expected)
+    decoder.lookup = PlantedMistakes(len(prompt), expected, wrong)
+    assert generate(decoder, prompt) == expected
+    stats = decoder.stats
+    if method != "auto":
+        assert 0 < stats.accepted < stats.drafted, "no partial acceptance: no rollback was tested"
+
+
+@pytest.mark.parametrize("method,draft_len", [("draft", 3), ("hybrid", 4), ("lookup", None), ("auto", None)])
+def test_greedy_output_of_every_method_equals_target_alone(hybrid, baseline, method, draft_len):
+    """A hybrid draft model too: its own state rolls back through a checkpoint every round."""
+    _, target, draft = hybrid
+    prompt, expected = baseline
+    decoder = make_decoder(target, draft, method=method, draft_len=draft_len)
+    assert generate(decoder, prompt) == expected
+    if method == "draft":
+        assert 0 < decoder.stats.accepted < decoder.stats.drafted
+
+
+def test_three_turn_chat_equals_the_target_alone(hybrid):
+    _, target, draft = hybrid
+    questions = ["the code print x", "hello world the code", "def return x = x + x"]
+    answers = {}
+    for method in ("none", "lookup", "draft"):
+        conversation = Conversation(make_decoder(target, draft, method=method, draft_len=3))
+        answers[method] = ["".join(p.text for p in conversation.ask(q, max_tokens=24)) for q in questions]
+    assert answers["lookup"] == answers["none"] == answers["draft"]
+
+
+def test_stopping_early_leaves_the_state_consistent(hybrid, baseline):
+    """A consumer that breaks mid-answer (Ctrl-C, a stop string), then the same prompt again."""
+    _, target, draft = hybrid
+    prompt, expected = baseline
+    decoder = make_decoder(target, draft, method="draft", draft_len=4)
+    for i, _ in enumerate(decoder.generate(prompt, max_tokens=40)):
+        if i == 3:
+            break
+    assert generate(decoder, prompt) == expected
+
+
+def test_sampled_output_follows_the_target_distribution(make_tiny_model):
+    """Qwen3.5-style target and draft, sampling: the rollbacks must not bend the distribution."""
+    target = make_tiny_model("qwen35-spread", architecture="qwen35", seed=5, logit_scale=2.0)
+    draft = make_tiny_model("qwen35-spread-draft", architecture="qwen35", seed=5, logit_scale=2.0,
+                            perturb_seed=9, perturb_scale=0.4)
+    prompt = load(target, vocab_only=True).tokenize("hello world", add_bos=True)
+    dist = exact_sequence_distribution(target, prompt)
+    decoder = make_decoder(target, draft, method="draft", draft_len=2)
+    pvalue, drafted, accepted = sequence_pvalue(decoder, prompt, dist)
+    assert pvalue > ALPHA
+    assert 0.1 * drafted < accepted < 0.9 * drafted
+
+
+@pytest.mark.parametrize("k", [2, 5, 17, 33])
+def test_verification_is_bit_identical_to_one_token_steps(hybrid, k):
+    """Exactness: the recurrent kernels (Gated DeltaNet, short conv, SSM scan) give a k-row pass the bits
+    of k one-row passes in this build, so hybrids verify in exact mode like dense models."""
+    _, target, _ = hybrid
+    batched, stepped = load(target), load(target)
+    tokens = (batched.tokenize(PROMPT, add_bos=True) * 4)[: 6 + k]
+    for model in (batched, stepped):
+        model.eval(tokens[:6], n_logits=0, prefill=True)
+    rows = batched.eval(tokens[6:], n_logits=k)
+    steps = np.stack([stepped.eval([t])[0] for t in tokens[6:]])
+    assert batched.kernels == "exact"
+    assert np.array_equal(rows, steps)
+
+
+def test_one_token_passes_leave_no_snapshots_to_roll_back_through(make_tiny_model):
+    """llama.cpp accepts a snapshot rollback after one-token passes (a draft model's steps) but its
+    snapshots are of an older pass; LlamaModel must not use them."""
+    path = make_tiny_model("qwen35-target", architecture="qwen35", seed=3, logit_scale=8.0)
+    model, fresh = load(path), load(path)
+    tokens = model.tokenize(PROMPT, add_bos=True)
+    model.eval(tokens[:8], n_logits=0)
+    model.checkpoint()
+    for token in tokens[8:12]:
+        model.eval([token])
+    model.rollback(9)
+    np.testing.assert_allclose(model.eval(tokens[9:11])[0], fresh.eval(tokens[:11])[0], rtol=1e-4, atol=1e-4)
+
+
+def test_three_sequential_requests_equal_a_fresh_servers(hybrid):
+    """serve keeps the cache between requests: a continued conversation, then an unrelated one."""
+    from tests.test_server import SYSTEM, client, open_worker, serving
+
+    _, target, draft = hybrid
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the code print x"}]
+
+    def answer(server, conversation):
+        reply = client(server).chat.completions.create(model="tiny", messages=conversation, max_tokens=24,
+                                                       temperature=0)
+        return reply.choices[0].message.content
+
+    with serving(open_worker(target, draft)) as server:
+        one = answer(server, first)
+        second = first + [{"role": "assistant", "content": one}, {"role": "user", "content": "hello world"}]
+        third = [{"role": "user", "content": "def return x = x + x"}]
+        answers = [one, answer(server, second), answer(server, third)]
+    for conversation, expected in zip((first, second, third), answers):
+        with serving(open_worker(target, draft)) as fresh:
+            assert answer(fresh, conversation) == expected
