@@ -4,8 +4,8 @@ Architectures: ``llama`` (attention), ``qwen35`` (Gated DeltaNet layers with ful
 ``full_attention_interval``-th layer), ``lfm2`` (short convolutions with the same attention pattern) and
 ``mamba`` (a pure SSM). All share one vocabulary and chat template, so any two of them pair.
 
-The weights are seeded random float32 (matrices float16 with ``f16``), so greedy output is reproducible. A draft that agrees with its
-target only partly is the target's weights plus seeded noise (``perturb``).
+The weights are seeded random float32 (matrices float16 with ``f16``), so greedy output is reproducible.
+A draft that agrees with its target only partly is the target's weights plus seeded noise (``perturb``).
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def _gated_delta_net(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
         "attn_qkv.weight": mat(conv_dim, d),
         "attn_gate.weight": mat(value_dim, d),
         "ssm_conv1d.weight": mat(conv_dim, spec.conv_kernel, 0.3),
-        # Qwen3.5's initial dt_bias; the decay A (stored as -exp(A_log)) must be negative or the state blows up.
+        # Qwen3.5's initial dt_bias; the decay A (stored as -exp(A_log)) must be negative, or the state
+        # blows up.
         "ssm_dt.bias": _ones(heads),
         "ssm_a": -np.linspace(1.0, 8.0, heads, dtype=np.float32),
         "ssm_beta.weight": mat(heads, d),
@@ -162,7 +163,7 @@ def _short_conv(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
 
 
 def _mamba_dims(spec: TinySpec) -> tuple[int, int]:
-    """(inner size, time-step rank): llama.cpp supports only Mamba's expansion factor 2; rank is ceil(d/16)."""
+    """(inner size, time-step rank): llama.cpp takes only Mamba's expansion factor 2; rank is ceil(d/16)."""
     return 2 * spec.n_embd, -(-spec.n_embd // 16)
 
 
