@@ -1,12 +1,17 @@
-"""Writes tiny llama-architecture GGUF models with the ``gguf`` package, for fast real engine tests.
+"""Writes tiny GGUF models with the ``gguf`` package, for fast real engine tests.
 
-The weights are seeded random float32, so greedy output is reproducible. A draft that agrees with its
-target only partly is the target's weights plus seeded noise (``perturb``).
+Architectures: ``llama`` (attention), ``qwen35`` (Gated DeltaNet layers with full attention every
+``full_attention_interval``-th layer), ``lfm2`` (short convolutions with the same attention pattern) and
+``mamba`` (a pure SSM). All share one vocabulary and chat template, so any two of them pair.
+
+The weights are seeded random float32 (matrices float16 with ``f16``), so greedy output is reproducible.
+A draft that agrees with its target only partly is the target's weights plus seeded noise (``perturb``).
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,12 +36,29 @@ def default_vocab() -> list[str]:
 class TinySpec:
     """What to vary between test models; defaults give a valid, loadable model."""
 
+    architecture: str = "llama"
     seed: int = 0
     n_layers: int = 2
     n_embd: int = 64
     n_head: int = 4
     n_ff: int = 128
     n_ctx: int = 2048
+    # Grouped-query attention and wider heads (Qwen3.5 has both); None: one KV head per head, n_embd/n_head.
+    n_head_kv: int | None = None
+    head_dim: int | None = None
+    # Hybrids (qwen35, lfm2): every full_attention_interval-th layer is attention, the others recurrent.
+    full_attention_interval: int = 2
+    # Recurrent layers: convolution width (all three), state size per head (qwen35, mamba), and qwen35's
+    # key heads (ssm_groups) and value heads (ssm_heads).
+    conv_kernel: int = 4
+    ssm_state: int = 16
+    ssm_groups: int = 2
+    ssm_heads: int = 4
+    # The output projection reuses the token embeddings (no output.weight, so no logit_scale), as small
+    # Qwen3.5 models do.
+    tie_embeddings: bool = False
+    # Matrices stored as float16, as converted checkpoints are; norms, biases and conv kernels stay float32.
+    f16: bool = False
     # Larger output weights give peakier next-token distributions (useful for sampling tests).
     logit_scale: float = 1.0
     perturb_seed: int | None = None
@@ -70,8 +92,120 @@ def _types_for(tokens: list[str]) -> list[int]:
     return types
 
 
+HYBRIDS = ("qwen35", "lfm2")
+ARCHITECTURES = ("llama", *HYBRIDS, "mamba")
+
+Matrix = Callable[..., np.ndarray]
+
+
+def _is_attention_layer(spec: TinySpec, layer: int) -> bool:
+    if spec.architecture == "llama":
+        return True
+    if spec.architecture == "mamba":
+        return False
+    return (layer + 1) % spec.full_attention_interval == 0
+
+
+def _head_dim(spec: TinySpec) -> int:
+    return spec.head_dim or spec.n_embd // spec.n_head
+
+
+def _n_head_kv(spec: TinySpec) -> int:
+    return spec.n_head_kv or spec.n_head
+
+
+def _ones(n: int) -> np.ndarray:
+    return np.ones(n, dtype=np.float32)
+
+
+def _attention(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    d, head_dim = spec.n_embd, _head_dim(spec)
+    # Qwen3.5 projects a sigmoid output gate alongside each query head.
+    q_rows = spec.n_head * head_dim * (2 if spec.architecture == "qwen35" else 1)
+    kv_rows = _n_head_kv(spec) * head_dim
+    tensors = {
+        "attn_q.weight": mat(q_rows, d),
+        "attn_k.weight": mat(kv_rows, d),
+        "attn_v.weight": mat(kv_rows, d),
+        "attn_output.weight": mat(d, spec.n_head * head_dim),
+    }
+    if spec.architecture in HYBRIDS:
+        tensors |= {"attn_q_norm.weight": _ones(head_dim), "attn_k_norm.weight": _ones(head_dim)}
+    return tensors
+
+
+def _gated_delta_net(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    d, heads = spec.n_embd, spec.ssm_heads
+    key_dim, value_dim = spec.ssm_state * spec.ssm_groups, spec.ssm_state * heads
+    conv_dim = 2 * key_dim + value_dim
+    return {
+        "attn_qkv.weight": mat(conv_dim, d),
+        "attn_gate.weight": mat(value_dim, d),
+        "ssm_conv1d.weight": mat(conv_dim, spec.conv_kernel, 0.3),
+        # Qwen3.5's initial dt_bias; the decay A (stored as -exp(A_log)) must be negative, or the state
+        # blows up.
+        "ssm_dt.bias": _ones(heads),
+        "ssm_a": -np.linspace(1.0, 8.0, heads, dtype=np.float32),
+        "ssm_beta.weight": mat(heads, d),
+        "ssm_alpha.weight": mat(heads, d),
+        "ssm_norm.weight": _ones(spec.ssm_state),
+        "ssm_out.weight": mat(d, value_dim),
+    }
+
+
+def _short_conv(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    d = spec.n_embd
+    return {
+        "shortconv.conv.weight": mat(d, spec.conv_kernel, 0.3),
+        "shortconv.in_proj.weight": mat(3 * d, d),
+        "shortconv.out_proj.weight": mat(d, d),
+    }
+
+
+def _mamba_dims(spec: TinySpec) -> tuple[int, int]:
+    """(inner size, time-step rank): llama.cpp takes only Mamba's expansion factor 2; rank is ceil(d/16)."""
+    return 2 * spec.n_embd, -(-spec.n_embd // 16)
+
+
+def _mamba_ssm(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    d, n = spec.n_embd, spec.ssm_state
+    d_inner, dt_rank = _mamba_dims(spec)
+    # Mamba's initial step sizes span 0.001..0.1 (the bias is their inverse softplus) and A is S4D-real's
+    # -1..-n per channel: the state then decays instead of growing.
+    step = np.geomspace(1e-3, 1e-1, d_inner)
+    return {
+        "ssm_in.weight": mat(2 * d_inner, d),
+        "ssm_conv1d.weight": mat(d_inner, spec.conv_kernel, 0.3),
+        "ssm_conv1d.bias": np.zeros(d_inner, dtype=np.float32),
+        "ssm_x.weight": mat(dt_rank + 2 * n, d_inner),
+        "ssm_dt.weight": mat(d_inner, dt_rank),
+        "ssm_dt.bias": np.log(np.expm1(step)).astype(np.float32),
+        "ssm_a": -np.tile(np.arange(1, n + 1, dtype=np.float32), (d_inner, 1)),
+        "ssm_d": _ones(d_inner),
+        "ssm_out.weight": mat(d, d_inner),
+    }
+
+
+RECURRENT_MIXERS: dict[str, Callable[[TinySpec, Matrix], dict[str, np.ndarray]]] = {
+    "qwen35": _gated_delta_net,
+    "lfm2": _short_conv,
+    "mamba": _mamba_ssm,
+}
+
+
+def _feed_forward(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    d, ff = spec.n_embd, spec.n_ff
+    norm = "post_attention_norm.weight" if spec.architecture == "qwen35" else "ffn_norm.weight"
+    return {
+        norm: _ones(d),
+        "ffn_gate.weight": mat(ff, d),
+        "ffn_up.weight": mat(ff, d),
+        "ffn_down.weight": mat(d, ff),
+    }
+
+
 def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
-    n_vocab, d, ff = len(spec.tokens), spec.n_embd, spec.n_ff
+    n_vocab, d = len(spec.tokens), spec.n_embd
     rng = np.random.default_rng(spec.seed)
     noise = np.random.default_rng(spec.perturb_seed) if spec.perturb_seed is not None else None
 
@@ -81,41 +215,95 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w += noise.normal(0.0, scale * spec.perturb_scale, size=(rows, cols)).astype(np.float32)
         return w
 
-    ones = np.ones(d, dtype=np.float32)
-    tensors = {
-        "token_embd.weight": mat(n_vocab, d, 1.0),
-        "output_norm.weight": ones,
-        "output.weight": mat(n_vocab, d, 0.15 * spec.logit_scale),
-    }
+    # llama.cpp reads LFM2's final norm under this name.
+    output_norm = "token_embd_norm.weight" if spec.architecture == "lfm2" else "output_norm.weight"
+    tensors = {"token_embd.weight": mat(n_vocab, d, 1.0), output_norm: _ones(d)}
+    if not spec.tie_embeddings:
+        tensors["output.weight"] = mat(n_vocab, d, 0.15 * spec.logit_scale)
     for i in range(spec.n_layers):
-        p = f"blk.{i}."
-        tensors |= {
-            p + "attn_norm.weight": ones,
-            p + "attn_q.weight": mat(d, d),
-            p + "attn_k.weight": mat(d, d),
-            p + "attn_v.weight": mat(d, d),
-            p + "attn_output.weight": mat(d, d),
-            p + "ffn_norm.weight": ones,
-            p + "ffn_gate.weight": mat(ff, d),
-            p + "ffn_up.weight": mat(ff, d),
-            p + "ffn_down.weight": mat(d, ff),
-        }
+        if _is_attention_layer(spec, i):
+            mixer = _attention(spec, mat)
+        else:
+            mixer = RECURRENT_MIXERS[spec.architecture](spec, mat)
+        # Mamba blocks are the SSM alone, without a feed-forward.
+        ffn = _feed_forward(spec, mat) if spec.architecture != "mamba" else {}
+        block = {"attn_norm.weight": _ones(d)} | mixer | ffn
+        tensors |= {f"blk.{i}.{name}": array for name, array in block.items()}
     return tensors
+
+
+def _add_attention_hparams(writer: gguf.GGUFWriter, spec: TinySpec, n_head_kv: int | list[int]) -> None:
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(n_head_kv)
+    if spec.head_dim is not None:
+        writer.add_key_length(spec.head_dim)
+        writer.add_value_length(spec.head_dim)
+
+
+def _llama_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    _add_attention_hparams(writer, spec, _n_head_kv(spec))
+    writer.add_rope_dimension_count(_head_dim(spec))
+
+
+def _qwen35_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    _add_attention_hparams(writer, spec, _n_head_kv(spec))
+    # Qwen3.5 rotates a quarter of each head (partial_rotary_factor 0.25), in interleaved M-RoPE sections of
+    # its proportions (11, 11, 10 of 32 pairs).
+    n_rot = _head_dim(spec) // 4
+    third = -(-n_rot // 6)
+    writer.add_rope_dimension_count(n_rot)
+    writer.add_rope_dimension_sections([third, third, n_rot // 2 - 2 * third, 0])
+    writer.add_ssm_conv_kernel(spec.conv_kernel)
+    writer.add_ssm_state_size(spec.ssm_state)
+    writer.add_ssm_group_count(spec.ssm_groups)
+    writer.add_ssm_time_step_rank(spec.ssm_heads)
+    writer.add_ssm_inner_size(spec.ssm_state * spec.ssm_heads)
+    writer.add_full_attention_interval(spec.full_attention_interval)
+
+
+def _lfm2_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    # LFM2 marks its convolution layers by giving them no KV heads.
+    heads_kv = [_n_head_kv(spec) if _is_attention_layer(spec, i) else 0 for i in range(spec.n_layers)]
+    _add_attention_hparams(writer, spec, heads_kv)
+    writer.add_shortconv_l_cache(spec.conv_kernel)
+
+
+def _mamba_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    d_inner, dt_rank = _mamba_dims(spec)
+    writer.add_ssm_conv_kernel(spec.conv_kernel)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(spec.ssm_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+
+
+HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, TinySpec], None]] = {
+    "llama": _llama_hparams,
+    "qwen35": _qwen35_hparams,
+    "lfm2": _lfm2_hparams,
+    "mamba": _mamba_hparams,
+}
+
+
+def _stored(name: str, array: np.ndarray, f16: bool) -> np.ndarray:
+    # As converters do: llama.cpp's kernels expect 1-D tensors and convolution kernels in float32.
+    if f16 and array.ndim == 2 and name.endswith(".weight") and "conv" not in name:
+        return array.astype(np.float16)
+    return array
 
 
 def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     spec = spec or TinySpec()
-    writer = gguf.GGUFWriter(str(path), "llama")
+    if spec.architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {spec.architecture!r}; one of {ARCHITECTURES}")
+    writer = gguf.GGUFWriter(str(path), spec.architecture)
     writer.add_name(f"tiny-{spec.seed}")
     writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(spec.n_embd)
     writer.add_block_count(spec.n_layers)
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head)
-    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
+    HPARAM_WRITERS[spec.architecture](writer, spec)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if spec.f16 else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model(spec.tokenizer_model)
     if spec.pre_tokenizer is not None:
         writer.add_tokenizer_pre(spec.pre_tokenizer)
@@ -132,7 +320,7 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     for key, value in spec.extra.items():
         _add_value(writer, key, value)
     for name, array in _weights(spec).items():
-        writer.add_tensor(name, array)
+        writer.add_tensor(name, _stored(name, array, spec.f16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

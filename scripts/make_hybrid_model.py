@@ -1,0 +1,121 @@
+"""Writes a seeded-random qwen35 GGUF with the published shapes of Qwen3.5-0.8B, optionally quantized.
+
+For measuring pass costs of a real-sized hybrid (Gated DeltaNet + attention) model without downloading one:
+a pass costs what its shapes and tensor types cost, not what its values are. So the weights are seeded
+random (tests/tiny_models.py's writer, with the recurrent decay set so the state stays finite) and the
+vocabulary is random too: the published size, made of tiny_models' vocabulary (bytes, letters, a few words)
+padded with filler tokens. Its output is gibberish; its speed is the real model's.
+
+Published dimensions used (Qwen/Qwen3.5-0.8B config.json, ``text_config``; read from two public copies of
+that file found through the code search index, which agree, and consistent with llama.cpp's
+src/models/qwen35.cpp, whose loader names 24 layers of n_embd 1024 "0.8B"):
+
+    vocab_size 248320, hidden_size 1024, intermediate_size 3584, num_hidden_layers 24,
+    num_attention_heads 8, num_key_value_heads 2, head_dim 256, full_attention_interval 4,
+    linear_num_key_heads 16, linear_num_value_heads 16, linear_key_head_dim 128,
+    linear_value_head_dim 128, linear_conv_kernel_dim 4, tie_word_embeddings true, max_position_embeddings 262144,
+    partial_rotary_factor 0.25, mrope_section [11, 11, 10].
+
+Mapped to GGUF as llama.cpp's converter (conversion/qwen.py) does: ssm.state_size = linear_key_head_dim,
+ssm.group_count = linear_num_key_heads, ssm.time_step_rank = linear_num_value_heads, ssm.inner_size =
+linear_value_head_dim * linear_num_value_heads. Left out: the config's one multi-token-prediction layer
+(mtp_num_hidden_layers 1; llama.cpp skips it in the main pass) and the vision tower.
+
+``--layers`` and ``--embd`` shrink it for quick tests; ``--embd`` scales every width (feed-forward, head and
+state sizes) by the same ratio, so the proportions stay Qwen3.5-0.8B's.
+
+    python scripts/make_hybrid_model.py qwen35-0.8b-random.gguf
+    python scripts/make_hybrid_model.py q4.gguf --quantize-bin /path/to/llama-quantize --type Q4_K_M
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# The writer lives with the tests (tests/tiny_models.py); the repository root makes it importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.tiny_models import TinySpec, default_vocab, write_tiny_model  # noqa: E402
+
+N_VOCAB = 248320
+N_LAYERS = 24
+N_EMBD = 1024
+# Widths that --embd scales with n_embd: intermediate_size, head_dim, linear_key/value_head_dim.
+N_FF, HEAD_DIM, SSM_STATE = 3584, 256, 128
+# Multiple of n_embd that keeps every scaled width a whole number (and head_dim divisible by 4 for RoPE).
+EMBD_STEP = 64
+
+
+def vocabulary(size: int) -> list[str]:
+    base = default_vocab()
+    return base + [f"<filler-{i}>" for i in range(size - len(base))]
+
+
+def qwen35_0_8b_spec(
+    *, layers: int = N_LAYERS, embd: int = N_EMBD, vocab: int = N_VOCAB, seed: int = 0
+) -> TinySpec:
+    if embd % EMBD_STEP or not 0 < layers:
+        raise ValueError(f"--embd must be a positive multiple of {EMBD_STEP} and --layers positive")
+    if vocab < len(default_vocab()):
+        raise ValueError(f"--vocab must be at least {len(default_vocab())}")
+
+    def scaled(width: int) -> int:
+        return width * embd // N_EMBD
+
+    return TinySpec(
+        architecture="qwen35",
+        seed=seed,
+        n_layers=layers,
+        n_embd=embd,
+        n_ff=scaled(N_FF),
+        n_head=8,
+        n_head_kv=2,
+        head_dim=scaled(HEAD_DIM),
+        n_ctx=262144,
+        full_attention_interval=4,
+        conv_kernel=4,
+        ssm_state=scaled(SSM_STATE),
+        ssm_groups=16,
+        ssm_heads=16,
+        tie_embeddings=True,
+        f16=True,
+        tokens=vocabulary(vocab),
+    )
+
+
+def make_hybrid_model(
+    path: Path, spec: TinySpec, *, quantize_bin: Path | None = None, quant_type: str = "Q4_K_M"
+) -> Path:
+    """Write ``spec`` to ``path``; with ``quantize_bin`` (llama-quantize), quantized to ``quant_type``."""
+    if quantize_bin is None:
+        return write_tiny_model(path, spec)
+    with tempfile.TemporaryDirectory(prefix="hybrid-f16-", dir=path.parent) as tmp:
+        f16 = write_tiny_model(Path(tmp) / "model-f16.gguf", spec)
+        subprocess.run([str(quantize_bin), str(f16), str(path), quant_type], check=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the GGUF file to write")
+    parser.add_argument("--layers", type=int, default=N_LAYERS, help=f"default {N_LAYERS}")
+    parser.add_argument("--embd", type=int, default=N_EMBD, help=f"default {N_EMBD}; other widths follow")
+    parser.add_argument("--vocab", type=int, default=N_VOCAB, help=f"default {N_VOCAB}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantize-bin", type=Path, help="llama.cpp's llama-quantize, to quantize the file")
+    parser.add_argument("--type", default="Q4_K_M", help="its quantization type (default Q4_K_M)")
+    args = parser.parse_args(argv)
+    try:
+        spec = qwen35_0_8b_spec(layers=args.layers, embd=args.embd, vocab=args.vocab, seed=args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    make_hybrid_model(args.out, spec, quantize_bin=args.quantize_bin, quant_type=args.type)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()

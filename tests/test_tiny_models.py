@@ -1,0 +1,93 @@
+"""The tiny recurrent and hybrid test models load in llama.cpp and compute, and so does the Qwen3.5-shaped
+model of scripts/make_hybrid_model.py at a tiny size."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from localspec.engine.backend import LlamaModel
+from tests.tiny_models import TinySpec, write_tiny_model
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_hybrid_model.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("make_hybrid_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def next_token_logits(path: Path, tokens: list[int]) -> np.ndarray:
+    model = LlamaModel(path, n_ctx=256)
+    try:
+        return model.eval(tokens, n_logits=1)[-1].copy()
+    finally:
+        model.close()
+
+
+def n_rs_seq_granted(model: LlamaModel, asked: int) -> int:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_rs_seq = 256, asked
+    ctx = llama_cpp.llama_init_from_model(model._model.model, params)
+    try:
+        return llama_cpp.llama_n_rs_seq(ctx)
+    finally:
+        llama_cpp.llama_free(ctx)
+
+
+@pytest.mark.parametrize(
+    "architecture, recurrent, hybrid, rollback",
+    [("qwen35", False, True, 8), ("lfm2", False, True, 8), ("mamba", True, False, 0)],
+)
+def test_each_recurrent_architecture_loads_computes_and_keeps_the_rollback_llama_cpp_gives_it(
+    tmp_path, architecture, recurrent, hybrid, rollback
+):
+    path = write_tiny_model(tmp_path / "model.gguf", TinySpec(architecture=architecture))
+    model = LlamaModel(path, n_ctx=256)
+    try:
+        assert llama_cpp.llama_model_is_recurrent(model._model.model) is recurrent
+        assert llama_cpp.llama_model_is_hybrid(model._model.model) is hybrid
+        # Partial rollback (n_rs_seq) is for the hybrids; llama.cpp clamps it to 0 for mamba.
+        assert n_rs_seq_granted(model, 8) == rollback
+        prompt = model.tokenize("hello world def", add_bos=True)
+    finally:
+        model.close()
+    logits = next_token_logits(path, prompt)
+    assert np.isfinite(logits).all()
+    assert np.array_equal(logits, next_token_logits(path, prompt))
+    assert not np.allclose(logits, next_token_logits(path, prompt[:-1] + [prompt[-1] + 1]))
+
+
+def test_the_qwen35_0_8b_shaped_script_writes_a_loadable_hybrid_at_a_tiny_size(tmp_path):
+    script = load_script()
+    spec = script.qwen35_0_8b_spec(layers=4, embd=64, vocab=512)
+    path = script.make_hybrid_model(tmp_path / "hybrid.gguf", spec)
+    model = LlamaModel(path, n_ctx=256)
+    try:
+        assert llama_cpp.llama_model_is_hybrid(model._model.model)
+        assert (model.n_vocab, llama_cpp.llama_model_n_layer(model._model.model)) == (512, 4)
+    finally:
+        model.close()
+    assert np.isfinite(next_token_logits(path, [1, 300, 301])).all()
+
+
+def test_the_script_hands_the_f16_file_to_llama_quantize_with_the_type(tmp_path):
+    # A stand-in llama-quantize that copies its input and records its arguments.
+    fake = tmp_path / "llama-quantize"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncp "$1" "$2"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    script = load_script()
+    out = tmp_path / "q.gguf"
+    script.main([str(out), "--layers", "4", "--embd", "64", "--vocab", "512"]
+                + ["--quantize-bin", str(fake), "--type", "Q8_0"])
+    source, target, kind = (tmp_path / "args").read_text().split()
+    assert (target, kind) == (str(out), "Q8_0") and source.endswith("model-f16.gguf")
+    assert not Path(source).exists()  # the intermediate f16 file is cleaned up
+    assert LlamaModel(out, vocab_only=True).n_vocab == 512
