@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localspec.engine.backend import DEFAULT_ROLLBACK_SNAPSHOTS, LlamaModel  # noqa: E402
 
-DRAFT_LENGTHS = (1, 4, 8, 16)
+DRAFT_LENGTHS = (1, 2, 4, 8, 16, 32)
 
 
 def load(path: Path, args, snapshots: int) -> tuple[LlamaModel, int]:
@@ -44,10 +44,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--context", type=int, default=256, help="prompt tokens before the measured passes")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--snapshots", type=int, default=DEFAULT_ROLLBACK_SNAPSHOTS,
+                        help=f"n_rs_seq of the snapshot context (default {DEFAULT_ROLLBACK_SNAPSHOTS})")
     args = parser.parse_args()
 
     plain, plain_rss = load(args.model, args, 0)
-    snap, snap_rss = load(args.model, args, DEFAULT_ROLLBACK_SNAPSHOTS)
+    snap, snap_rss = load(args.model, args, args.snapshots)
     plan = snap.memory_plan
     print(f"{args.model.name}: {plan.describe()}")
     print(f"memory at n_ctx {args.ctx}: one recurrent state {plan.checkpoint_bytes / 2**20:.1f} MiB; "

@@ -25,13 +25,16 @@ linear_value_head_dim * linear_num_value_heads. Left out: the config's one multi
 state sizes) by the same ratio, so the proportions stay Qwen3.5-0.8B's.
 
     python scripts/make_hybrid_model.py qwen35-0.8b-random.gguf
-    python scripts/make_hybrid_model.py q4.gguf --quantize-bin /path/to/llama-quantize --type Q4_K_M
+    python scripts/make_hybrid_model.py q4.gguf --type Q4_K_M
+
+Quantizing goes through llama.cpp's own ``llama_model_quantize`` (what llama-quantize calls), as bound by
+llama-cpp-python, so no separate llama.cpp build is needed.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
+import ctypes
 import sys
 import tempfile
 from pathlib import Path
@@ -87,15 +90,22 @@ def qwen35_0_8b_spec(
     )
 
 
-def make_hybrid_model(
-    path: Path, spec: TinySpec, *, quantize_bin: Path | None = None, quant_type: str = "Q4_K_M"
-) -> Path:
-    """Write ``spec`` to ``path``; with ``quantize_bin`` (llama-quantize), quantized to ``quant_type``."""
-    if quantize_bin is None:
+# The file types llama.cpp's quantizer can be asked for here (llama.h's LLAMA_FTYPE_MOSTLY_*).
+QUANT_TYPES = ("Q4_K_M", "Q4_0", "Q8_0", "Q6_K")
+
+
+def make_hybrid_model(path: Path, spec: TinySpec, *, quant_type: str | None = None) -> Path:
+    """Write ``spec`` to ``path`` (f16), quantized to ``quant_type`` if given."""
+    if quant_type is None:
         return write_tiny_model(path, spec)
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant_type}")
     with tempfile.TemporaryDirectory(prefix="hybrid-f16-", dir=path.parent) as tmp:
         f16 = write_tiny_model(Path(tmp) / "model-f16.gguf", spec)
-        subprocess.run([str(quantize_bin), str(f16), str(path), quant_type], check=True)
+        if llama_cpp.llama_model_quantize(str(f16).encode(), str(path).encode(), ctypes.byref(params)) != 0:
+            raise SystemExit(f"llama.cpp could not quantize {f16} to {quant_type}")
     return path
 
 
@@ -106,14 +116,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embd", type=int, default=N_EMBD, help=f"default {N_EMBD}; other widths follow")
     parser.add_argument("--vocab", type=int, default=N_VOCAB, help=f"default {N_VOCAB}")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quantize-bin", type=Path, help="llama.cpp's llama-quantize, to quantize the file")
-    parser.add_argument("--type", default="Q4_K_M", help="its quantization type (default Q4_K_M)")
+    parser.add_argument("--type", choices=QUANT_TYPES, help="quantize to this type (default: f16)")
     args = parser.parse_args(argv)
     try:
         spec = qwen35_0_8b_spec(layers=args.layers, embd=args.embd, vocab=args.vocab, seed=args.seed)
     except ValueError as exc:
         parser.error(str(exc))
-    make_hybrid_model(args.out, spec, quantize_bin=args.quantize_bin, quant_type=args.type)
+    make_hybrid_model(args.out, spec, quant_type=args.type)
     print(args.out)
 
 

@@ -28,9 +28,11 @@ from localspec.errors import ContextFullError, LocalspecError
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
 # Recurrent-state snapshots kept per pass where the architecture supports them (llama.cpp's n_rs_seq):
-# a verification of up to this many drafts rolls back in place. Each snapshot costs one recurrent state
-# (MemoryPlan.snapshot_bytes); a longer verification saves a checkpoint instead.
-DEFAULT_ROLLBACK_SNAPSHOTS = 16
+# a verification of up to this many drafts rolls back in place; a longer one saves a checkpoint first.
+# Each snapshot holds a recurrent state (18 MiB at Qwen3.5-0.8B's shapes) and every pass writes one per
+# token up to this many: at those shapes 8 cost a 9-token pass ~17% more, 16 a 17-token pass ~27%
+# (scripts/bench_rollback.py), while a checkpoint costs ~8% of a one-token pass plus a replay on rejection.
+DEFAULT_ROLLBACK_SNAPSHOTS = 8
 # Evals of at least this many tokens are timed and kept as `large_eval`, a cost anchor for long drafts.
 LARGE_EVAL = 64
 
@@ -397,11 +399,15 @@ class LlamaModel:
         if memory == KV:
             return MemoryPlan(KV, 0, 0)
         snapshots = int(self._lib.llama_n_rs_seq(self._ctx.ctx))
-        # Save the empty state once: it proves checkpoints work here and sizes one.
+        # Save the state after one token (an empty one has no cells to save): it proves checkpoints work
+        # here and sizes one.
+        self._decode([max(self.bos_id, 0)], first_logit=1)
         flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, flags)
         state = (ctypes.c_uint8 * size)()
-        if size == 0 or self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, state, size, 0, flags) != size:
+        saved = size > 0 and self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, state, size, 0, flags) == size
+        self._lib.llama_memory_clear(self._ctx.memory, True)
+        if not saved:
             return MemoryPlan(memory, 0, 0, refused="llama.cpp can neither cut nor save its recurrent state")
         return MemoryPlan(memory, snapshots, size)
 
