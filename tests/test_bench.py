@@ -325,3 +325,17 @@ def test_write_profile_round_trips_a_description_beyond_the_bmp(tiny_target, tin
     tuned = load_profile("tuned")
     assert tuned.description.startswith("tiny pair 🚀, naïve; defaults from localspec bench")
     assert tuned.target == load_profile("tiny").target
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba"])
+def test_bench_on_a_hybrid_pair_matches_the_target_alone(make_tiny_model, prompt_file, tmp_path, arch):
+    """The lockstep harness (a cache per configuration, a multi-turn session) on recurrent memory."""
+    target = make_tiny_model(f"bench-{arch}", architecture=arch, seed=3, logit_scale=8.0)
+    draft = make_tiny_model(f"bench-{arch}-draft", architecture=arch, seed=3, logit_scale=8.0, perturb_seed=1,
+                            perturb_scale=0.5)
+    result = run("--target", target, "--draft", draft, "--prompts", prompt_file, "--methods", "none,lookup,draft",
+                 "--draft-len", "3", "--runs", 1, "--max-tokens", 24, "--ctx", 512, "--json", tmp_path / "b.json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert len(rows) == 6 and all(row["identical"] for row in rows)
+    assert any(0 < row["acceptance_rate"] < 1 for row in rows if row["method"] == "draft")
