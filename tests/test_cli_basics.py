@@ -129,6 +129,7 @@ def test_doctor_lists_cached_models(fake_index):
     store.resolve_model(fake_index.model("tiny", PAYLOAD))
     result = run("doctor")
     assert "test/tiny/tiny.gguf" in result.output and "(1 files" in result.output
+    assert "llama: KV cache only" in result.output  # the memory each model keeps, from its header
 
 
 def test_amx_backend_is_detected_from_libraries_or_system_info(tmp_path):

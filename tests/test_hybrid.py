@@ -245,3 +245,22 @@ def test_three_sequential_requests_equal_a_fresh_servers(hybrid):
     for conversation, expected in zip((first, second, third), answers):
         with serving(open_worker(target, draft)) as fresh:
             assert answer(fresh, conversation) == expected
+
+
+def test_the_live_view_and_json_stats_say_how_the_state_rolls_back(hybrid, baseline):
+    import io
+
+    from rich.console import Console
+
+    from localspec.engine.text import stream_text
+    from localspec.tui import LiveView
+
+    arch, target, _ = hybrid
+    prompt, _ = baseline
+    decoder = make_decoder(target, method="lookup", draft_len=12)
+    view = LiveView(Console(file=io.StringIO(), force_terminal=True, width=120), decoder)
+    view.stream(list(stream_text(decoder.target, decoder.generate(prompt, max_tokens=30))))
+    status = view.status_text(decoder.stats, 1.0).plain
+    expected = "checkpoint before each verification" if arch == "mamba" else "8 snapshots per pass"
+    assert f"memory {memory_kind(arch)}" in status and expected in status
+    assert decoder.stats.to_dict()["memory"] == decoder.target.memory_plan.describe()
