@@ -264,3 +264,11 @@ def test_the_live_view_and_json_stats_say_how_the_state_rolls_back(hybrid, basel
     expected = "checkpoint before each verification" if arch == "mamba" else "8 snapshots per pass"
     assert f"memory {memory_kind(arch)}" in status and expected in status
     assert decoder.stats.to_dict()["memory"] == decoder.target.memory_plan.describe()
+
+
+def test_remembered_pass_costs_are_kept_apart_per_rollback_method(hybrid, tiny_target):
+    """Snapshots are written on every pass, so their costs must not seed a context without them."""
+    arch, target, _ = hybrid
+    with_snapshots, without = load(target).cost_identity(), load(target, rollback_snapshots=0).cost_identity()
+    assert (with_snapshots != without) == (arch != "mamba")  # mamba has no snapshots either way
+    assert "memory" not in load(tiny_target).cost_identity()  # a dense model's costs stay where they were
