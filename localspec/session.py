@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Union
 
 from localspec import paths, store
-from localspec.engine.backend import DEFAULT_N_CTX, EXACT, LlamaModel
+from localspec.engine.backend import DEFAULT_N_CTX, DEFAULT_ROLLBACK_SNAPSHOTS, EXACT, LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.pass_costs import PassCostMemory
 from localspec.engine.proposers import DraftModelProposer
@@ -32,6 +32,7 @@ class ModelOptions:
     gpu_layers: int = -1
     draft_gpu_layers: int = -1
     exact: bool | None = None  # bit-exact verification: None where it costs nothing, True forces it
+    rollback_snapshots: int = DEFAULT_ROLLBACK_SNAPSHOTS  # a hybrid target's per-pass state snapshots
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,12 @@ def open_decoder(
 ) -> SpeculativeDecoder:
     """Load the target now and the draft on first use (``auto`` may never need it)."""
     target = LlamaModel(
-        pair.target, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.gpu_layers, exact=options.exact
+        pair.target,
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        n_gpu_layers=options.gpu_layers,
+        exact=options.exact,
+        rollback_snapshots=options.rollback_snapshots,
     )
     # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
     draft_exact = target.kernels == EXACT
@@ -139,6 +145,8 @@ def open_decoder(
                 n_threads=options.threads,
                 n_gpu_layers=options.draft_gpu_layers,
                 exact=draft_exact,
+                # Its drafts come from one-token passes, which leave no snapshots to roll back through.
+                rollback_snapshots=0,
             )
 
         draft = DraftModelProposer(load_draft)

@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from localspec.cli.console import rich_progress
+from localspec.engine.backend import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.controller import check_method
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
@@ -45,6 +46,16 @@ CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=64, help="Context wi
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads [default: all cores up to 4, else half].")]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Target layers to offload (-1 all, 0 none).")]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", help="Draft layers to offload.")]
+SnapshotsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--snapshots",
+        min=0,
+        max=64,
+        help="Hybrid and recurrent targets: per-token state snapshots per pass, so verifications of up to N drafts "
+        "roll back in place; every pass then writes them (0: checkpoint and replay instead) [default: 0].",
+    ),
+]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the checker finds the pair incompatible.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache.")]
 ExactOpt = Annotated[
@@ -83,6 +94,7 @@ class GenerationOptions:
     threads: ThreadsOpt = None
     gpu_layers: GpuLayersOpt = None
     draft_gpu_layers: DraftGpuLayersOpt = None
+    snapshots: SnapshotsOpt = None
     force: ForceOpt = False
     offline: OfflineOpt = False
     exact: ExactOpt = False
@@ -105,6 +117,7 @@ class GenerationOptions:
             gpu_layers=_pick(self.gpu_layers, defaults.gpu_layers),
             draft_gpu_layers=_pick(self.draft_gpu_layers, defaults.draft_gpu_layers),
             exact=True if self.exact else None,
+            rollback_snapshots=_pick(self.snapshots, DEFAULT_ROLLBACK_SNAPSHOTS),
         )
         draft_len = _pick(self.draft_len, defaults.draft_len)
         decoder = open_decoder(pair, options, method=method, draft_len=draft_len)

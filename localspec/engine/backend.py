@@ -27,12 +27,12 @@ from localspec.errors import ContextFullError, LocalspecError
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
-# Recurrent-state snapshots kept per pass where the architecture supports them (llama.cpp's n_rs_seq):
-# a verification of up to this many drafts rolls back in place; a longer one saves a checkpoint first.
-# Each snapshot holds a recurrent state (18 MiB at Qwen3.5-0.8B's shapes) and every pass writes one per
-# token up to this many: at those shapes 8 cost a 9-token pass ~17% more, 16 a 17-token pass ~27%
-# (scripts/bench_rollback.py), while a checkpoint costs ~8% of a one-token pass plus a replay on rejection.
-DEFAULT_ROLLBACK_SNAPSHOTS = 8
+# Recurrent-state snapshots kept per pass where the architecture supports them (llama.cpp's n_rs_seq), so a
+# verification of up to that many drafts rolls back in place. Off by default: every pass then writes its
+# snapshots, and at Qwen3.5 0.8B's shapes 8 of them slow even a one-token pass by ~8% (the target alone
+# would run slower than stock llama.cpp's), while a checkpoint costs ~6% of a one-token pass per
+# verification plus a replay after a rejection, and only when speculating (scripts/bench_rollback.py).
+DEFAULT_ROLLBACK_SNAPSHOTS = 0
 # Evals of at least this many tokens are timed and kept as `large_eval`, a cost anchor for long drafts.
 LARGE_EVAL = 64
 
