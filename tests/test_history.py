@@ -7,6 +7,7 @@ import stat
 import pytest
 
 from localspec import paths
+from localspec.engine.backend import LlamaModel
 from localspec.engine.history import LEAD_TOKENS, HistoryStore, tokenizer_identity
 from localspec.engine.suffix import SEPARATOR
 
@@ -75,8 +76,11 @@ def test_a_store_not_learning_keeps_what_it_has(history_file):
     assert len(store) == 0 and not history_file.exists()
 
 
-def test_tokenizer_identity_follows_the_vocabulary_only():
-    header = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "general.name": "x"}
-    assert tokenizer_identity(header) == tokenizer_identity({**header, "general.name": "y"})
-    assert tokenizer_identity(header) != tokenizer_identity({**header, "tokenizer.ggml.tokens": ["a", "c"]})
-    paths.check_component(tokenizer_identity(header), "history name")
+def test_tokenizer_identity_follows_the_vocabulary_not_the_weights(make_tiny_model, tiny_target, tiny_draft):
+    def identity(path):
+        return tokenizer_identity(LlamaModel(path, vocab_only=True))
+
+    assert identity(tiny_target) == identity(tiny_draft)  # other weights, same tokenizer
+    other = make_tiny_model("other-vocab", tokens=[f"<t{i}>" for i in range(300)])
+    assert identity(other) != identity(tiny_target)
+    paths.check_component(identity(tiny_target), "history name")

@@ -47,6 +47,13 @@ GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", help="Targe
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", help="Draft layers to offload.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the checker finds the pair incompatible.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache.")]
+NoHistoryOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-history",
+        help="Neither draft from earlier answers nor keep this one (suffix decoding; see 'localspec history').",
+    ),
+]
 ExactOpt = Annotated[
     bool,
     typer.Option(
@@ -86,6 +93,7 @@ class GenerationOptions:
     force: ForceOpt = False
     offline: OfflineOpt = False
     exact: ExactOpt = False
+    no_history: NoHistoryOpt = False
 
     def open(self) -> tuple[Pair, SpeculativeDecoder, SamplingParams]:
         """Resolve the pair (downloading a profile's models if needed), check it, load the target."""
@@ -107,7 +115,8 @@ class GenerationOptions:
             exact=True if self.exact else None,
         )
         draft_len = _pick(self.draft_len, defaults.draft_len)
-        decoder = open_decoder(pair, options, method=method, draft_len=draft_len)
+        history = defaults.history and not self.no_history
+        decoder = open_decoder(pair, options, method=method, draft_len=draft_len, history=history)
         sampling = SamplingParams(
             temperature=_pick(self.temp, defaults.temperature),
             top_k=_pick(self.top_k, defaults.top_k),

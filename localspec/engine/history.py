@@ -14,11 +14,12 @@ import hashlib
 import os
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from localspec.engine.backend import LlamaModel
 from localspec.engine.suffix import SEPARATOR, SuffixIndex
 from localspec.paths import temp_beside
 
@@ -32,11 +33,19 @@ _HEADER = struct.Struct("<8sQI")
 _PRIVATE_DIR = 0o700
 
 
-def tokenizer_identity(header: Mapping[str, object]) -> str:
-    """A name for a GGUF's tokenizer: models that share it share a history (a target and its draft, say)."""
+def tokenizer_identity(model: LlamaModel) -> str:
+    """A name for a model's tokenizer: models that share it share a history (a target and its draft, say).
+
+    It digests the tokenizer's kind, the vocabulary size and every 64th token's bytes plus the last 512
+    (where special tokens live), not all of them: a lookup is verified, so two vocabularies that differ
+    elsewhere sharing a history could only cost rejected drafts, never a changed token.
+    """
     digest = hashlib.sha256()
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        digest.update(f"{key}={header.get(key)!r}\x00".encode("utf-8", "surrogateescape"))
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+        digest.update(f"{key}={model.metadata.get(key)}\x00".encode())
+    digest.update(f"{model.n_vocab}\x00".encode())
+    for token in sorted({*range(0, model.n_vocab, 64), *range(max(0, model.n_vocab - 512), model.n_vocab)}):
+        digest.update(model.token_bytes(token) + b"\x00")
     return digest.hexdigest()[:16]
 
 
@@ -54,26 +63,7 @@ class HistoryStore:
         self.path = path
         self.max_tokens = max_tokens
         self.learning = True  # the benchmark turns it off while it repeats a request
-        self.index = SuffixIndex(self._read())
-
-    def _read(self) -> np.ndarray:
-        empty = np.zeros(0, dtype=np.int32)
-        if self.path is None:
-            return empty
-        try:
-            data = self.path.read_bytes()
-        except OSError:
-            return empty
-        if len(data) < _HEADER.size:
-            return empty
-        magic, count, crc = _HEADER.unpack_from(data)
-        body = data[_HEADER.size :]
-        if magic != _MAGIC or len(body) != 4 * count or zlib.crc32(body) != crc:
-            return empty
-        tokens = np.frombuffer(body, dtype="<i4").astype(np.int32)
-        if count and (tokens[-1] != SEPARATOR or tokens.min() < SEPARATOR):
-            return empty
-        return _newest(tokens, self.max_tokens)
+        self.index = SuffixIndex(np.zeros(0, np.int32) if path is None else _newest(read_tokens(path), max_tokens))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -103,6 +93,36 @@ class HistoryStore:
                 os.replace(tmp, self.path)
         except OSError:
             pass
+
+
+def read_tokens(path: Path) -> np.ndarray:
+    """The tokens of a history file; empty when it is missing or fails any check (it is then rewritten)."""
+    empty = np.zeros(0, dtype=np.int32)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return empty
+    if len(data) < _HEADER.size:
+        return empty
+    magic, count, crc = _HEADER.unpack_from(data)
+    body = data[_HEADER.size :]
+    if magic != _MAGIC or len(body) != 4 * count or zlib.crc32(body) != crc:
+        return empty
+    tokens = np.frombuffer(body, dtype="<i4").astype(np.int32)
+    if count and (tokens[-1] != SEPARATOR or tokens.min() < SEPARATOR):
+        return empty
+    return tokens
+
+
+def clear(directory: Path) -> int:
+    """Delete every history file in ``directory`` (and any temporary file a crash left); returns how many."""
+    removed = 0
+    for path in directory.glob("*.bin"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    for path in directory.glob(".*.part"):
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def _newest(tokens: np.ndarray, max_tokens: int) -> np.ndarray:
