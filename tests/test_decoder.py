@@ -285,7 +285,8 @@ def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, basel
 
     wrong = HistoryStore(None)
     for prompt, expected in baselines:
-        wrong.add(prompt, [(t + 1) % 200 for t in expected])  # every stored answer is off by one token
+        # Every eighth token of the stored answers is wrong: copies run, then fail there.
+        wrong.add(prompt, [(t + 1) % 200 if i % 8 == 7 else t for i, t in enumerate(expected)])
     third = make_decoder(tiny_target)
     third.history = wrong
     rejected = 0
