@@ -5,13 +5,14 @@ same edit to several files), so the answers of earlier requests predict the curr
 context alone (prompt lookup) does not. After SuffixDecoding (arXiv 2411.04975), the index finds the earlier
 places where the context's suffix occurred, and drafts the continuation most of them share: at each token
 where they disagree, the most frequent branch is taken and the draft's score (the share of occurrences
-still agreeing) drops; the draft stops once it falls below ``DEFAULT_MIN_SCORE``. Drafting one branch
-rather than verifying a token tree: a tree would need several sequence ids in the verifying pass, and on
-a CPU a pass costs nearly in proportion to its tokens, so the extra branches would cost about what they
-could save (see the report with the commit that added this module).
+still agreeing) drops; the draft stops once it falls below ``DEFAULT_MIN_SCORE``. It drafts the best
+branch only, not a token tree: a tree needs several sequence ids in one verifying pass, which the
+backend's exact kernels and KV rollback are not written for, and what it could add is bounded by the
+share of occurrences on the branches not taken; whether that is worth it is for a measurement on the
+agent-repeat bench slice to show.
 
-The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 170 MB and a
-lookup costs tens of microseconds (``scripts/bench_suffix.py``). Each position is keyed by a hash of the
+The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 160 MB and a
+lookup costs about 0.1 ms (``scripts/bench_suffix.py``). Each position is keyed by a hash of the
 ``KEY_LEN`` tokens before it; the keys are sorted once, and answers added later go into a small second
 table that is folded into the first when it grows.
 """
