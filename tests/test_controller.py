@@ -290,3 +290,22 @@ def test_loading_the_draft_is_charged_to_its_first_use():
     assert controller.plan(**in_step, generated=2000, remaining=4000).method == "draft"
     controller.record_draft(0, 0.0, 1, 0.003)
     assert controller.plan(**in_step, generated=0, remaining=96).method == "draft"
+
+
+def test_suffix_drafts_are_priced_by_their_own_acceptance_and_only_in_auto():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 4, 0.2)
+    teach(controller, "suffix", 8, 0.95)
+    # Earlier answers predict this one better than the context does: auto drafts from them.
+    plan = controller.plan(lookup_available=64, lookup_match_len=4, suffix_available=64, suffix_match_len=8)
+    assert plan.method == "suffix" and plan.k >= 8
+    # The same match in the context's estimate was not touched by the suffix rounds, and vice versa.
+    assert controller.acceptance("lookup", 8) < 0.9 < controller.acceptance("suffix", 8)
+    assert controller.costs()["suffix_acceptance"][8] == round(controller.acceptance("suffix", 8), 3)
+    # A history that keeps failing is left alone.
+    teach(controller, "suffix", 8, 0.05, rounds=200)
+    assert controller.plan(lookup_available=0, lookup_match_len=0, suffix_available=64, suffix_match_len=8).method == "none"
+    # Fixed methods never draft from the history.
+    lookup = measured(CPU, method="lookup")
+    teach(lookup, "suffix", 8, 0.99)
+    assert lookup.plan(lookup_available=0, lookup_match_len=0, suffix_available=64, suffix_match_len=8).method == "none"
