@@ -157,7 +157,7 @@ class SpeculativeDecoder:
             stats.stop_reason = "context_full"
             return None
         lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
-        suffix = SuffixDraft([], 0, 0)
+        suffix = SuffixDraft([], 0)
         if self.history is not None and controller.method == "auto":
             suffix = self.history.index.propose(context, controller.lookup_max)
         plan: Plan = controller.plan(

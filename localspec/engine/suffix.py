@@ -49,7 +49,6 @@ class SuffixDraft:
 
     tokens: list[int]
     match_len: int
-    support: int  # occurrences that voted on the first token
 
 
 def _keys(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -138,12 +137,12 @@ class SuffixIndex:
         count = min(max_tokens, self.max_draft)
         tail = np.asarray(context[-MAX_MATCH:], dtype=np.int64)
         if count <= 0 or len(tail) < KEY_LEN or self._size == 0:
-            return SuffixDraft([], 0, 0)
+            return SuffixDraft([], 0)
         key = _keys(tail, np.array([len(tail)]))[0]
         limit = self.max_occurrences
         found = np.concatenate((self._sorted.occurrences(key, limit), self._recent.occurrences(key, limit)))
         if len(found) == 0:
-            return SuffixDraft([], 0, 0)
+            return SuffixDraft([], 0)
         tokens = self._tokens
         found = found[-limit:].astype(np.int64)
         # How far back each occurrence matches the context (a hash collision matches less than KEY_LEN).
@@ -153,9 +152,9 @@ class SuffixIndex:
         match = np.where(same.all(axis=1), len(tail), same.argmin(axis=1))
         longest = int(match.max())
         if longest < KEY_LEN:
-            return SuffixDraft([], 0, 0)
+            return SuffixDraft([], 0)
         voters = found[match >= min(longest, TRUSTED_MATCH)]
-        return SuffixDraft(self._follow(voters, count), longest, len(voters))
+        return SuffixDraft(self._follow(voters, count), longest)
 
     def _follow(self, starts: np.ndarray, count: int) -> list[int]:
         """The continuation most of ``starts`` share, cut where the share still agreeing drops below min_score."""
