@@ -171,12 +171,12 @@ class SuffixIndex:
             column = rows[lo:hi, j]
             if column[0] != column[-1]:
                 # The rows agree up to column j, so each continuation is a run of this column.
-                bounds = np.flatnonzero(np.diff(column, prepend=column[0] - 1, append=column[-1] + 1))
-                sizes = np.diff(bounds)
-                best = int(np.argmax(sizes))  # ties: the first run in sorted order, deterministically
-                if sizes[best] < self.min_score * total:
+                bounds = [0, *(np.flatnonzero(column[1:] != column[:-1]) + 1).tolist(), len(column)]
+                # ties: the first run in sorted order, deterministically
+                best = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
+                if bounds[best + 1] - bounds[best] < self.min_score * total:
                     break  # the share of occurrences still agreeing would fall below min_score
-                lo, hi = lo + int(bounds[best]), lo + int(bounds[best + 1])
+                lo, hi = lo + bounds[best], lo + bounds[best + 1]
             # Rows lo..hi agree on column j; sorted, they agree up to where their first and last differ.
             differs = np.flatnonzero(rows[lo, j:] != rows[hi - 1, j:])
             end = j + int(differs[0]) if len(differs) else count
