@@ -304,8 +304,9 @@ def test_suffix_drafts_are_priced_by_their_own_acceptance_and_only_in_auto():
     assert controller.costs()["suffix_acceptance"][8] == round(controller.acceptance("suffix", 8), 3)
     # A history that keeps failing is left alone.
     teach(controller, "suffix", 8, 0.05, rounds=200)
-    assert controller.plan(lookup_available=0, lookup_match_len=0, suffix_available=64, suffix_match_len=8).method == "none"
+    only_history = {"lookup_available": 0, "lookup_match_len": 0, "suffix_available": 64, "suffix_match_len": 8}
+    assert controller.plan(**only_history).method == "none"
     # Fixed methods never draft from the history.
     lookup = measured(CPU, method="lookup")
     teach(lookup, "suffix", 8, 0.99)
-    assert lookup.plan(lookup_available=0, lookup_match_len=0, suffix_available=64, suffix_match_len=8).method == "none"
+    assert lookup.plan(**only_history).method == "none"

@@ -98,8 +98,8 @@ def naive_propose(
     history: list[int], max_tokens: int, *, max_ngram: int, min_ngram: int, max_draft: int
 ) -> tuple[list[int], int]:
     """The specification as a full rescan: a copy in progress (``naive_copy_source``, drafted with renames
-    only) unless a longer match than it has copied was found; else the longest suffix first (as written, then with renamed tokens
-    turned back into the old ones), then its latest earlier occurrence; failing a match of
+    only) unless a longer match than it has copied was found; else the longest suffix first (as written,
+    then with renamed tokens turned back into the old ones), then its latest earlier occurrence; failing a match of
     SKIP_MIN_CONTEXT tokens, a longer match of the tokens before the last one, continued one token past
     the earlier occurrence (the last token edited that one). Learned replacements apply to the draft,
     which ends at one seen fewer than RENAME_SEEN times.

@@ -1,4 +1,5 @@
-"""Suffix decoding's index: matches in earlier answers, continuations chosen by count, drafts cut where the count drops."""
+"""Suffix decoding's index: matches in earlier answers, continuations chosen by count, drafts cut where
+the count drops."""
 
 from __future__ import annotations
 
