@@ -22,7 +22,7 @@ def list_command(ctx: typer.Context) -> None:
         return
     directory = paths.history_dir()
     files = sorted(directory.glob("*.bin")) if directory.is_dir() else []
-    out.print(f"history: {directory} (turn it off with --no-history or 'history = false' in a profile's [defaults])")
+    out.print(f"history: {directory} (off: --no-history, or 'history = false' in a profile's defaults)")
     if not files:
         out.print("  empty")
         return
