@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
-from localspec.engine.text import TextPiece, stream_text
+from localspec.engine.text import STOP_STRING, TextPiece, stream_text
 from localspec.errors import ContextFullError, UsageError
 from localspec.gguf.templates import render_chat
 
@@ -69,6 +69,9 @@ class Conversation:
             )
         return tokens
 
+    def _stopped_by_string(self) -> None:
+        self.decoder.stats.stop_reason = STOP_STRING
+
     def ask(
         self,
         text: str,
@@ -94,7 +97,7 @@ class Conversation:
         steps = self.decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling, prefill_progress=prefill_progress)
         answer: list[str] = []
         try:
-            for piece in stream_text(self.model, steps, stop=stop):
+            for piece in stream_text(self.model, steps, stop=stop, on_stop=self._stopped_by_string):
                 answer.append(piece.text)
                 yield piece
         finally:

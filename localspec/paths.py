@@ -38,6 +38,15 @@ def pass_costs_file() -> Path:
     return home() / "pass-costs.json"
 
 
+def history_dir() -> Path:
+    """Earlier answers, one file per tokenizer, for suffix decoding (``localspec history clear`` empties it)."""
+    return home() / "history"
+
+
+def history_file(tokenizer: str) -> Path:
+    return history_dir() / f"{check_component(tokenizer, 'tokenizer identity')}.bin"
+
+
 def check_component(name: str, what: str) -> str:
     """Return ``name`` if it is a safe single path component, else raise UnsafePathError."""
     if not _SAFE_COMPONENT.fullmatch(name):  # the whole name: a "$" anchor would let a trailing newline through

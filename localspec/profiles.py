@@ -68,6 +68,7 @@ class Defaults:
     top_p: float = DEFAULT_TOP_P
     min_p: float = DEFAULT_MIN_P
     threads: int | None = None  # None: backend.default_threads() (all cores up to 4, else half)
+    history: bool = True  # draft from earlier answers kept on disk (suffix decoding), and keep this one's
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ class _Reader:
             "top_p": float(self.typed(data, "top_p", "defaults", (int, float), base.top_p)),
             "min_p": float(self.typed(data, "min_p", "defaults", (int, float), base.min_p)),
             "threads": self.typed(data, "threads", "defaults", int, base.threads),
+            "history": self.typed(data, "history", "defaults", bool, base.history),
         }
         self.check_ranges(values)
         return Defaults(**values)

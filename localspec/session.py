@@ -14,6 +14,7 @@ from typing import Union
 from localspec import paths, store
 from localspec.engine.backend import DEFAULT_N_CTX, DEFAULT_ROLLBACK_SNAPSHOTS, EXACT, LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.history import HistoryStore, tokenizer_identity
 from localspec.engine.pass_costs import PassCostMemory
 from localspec.engine.proposers import DraftModelProposer
 from localspec.errors import IncompatibleError, UsageError
@@ -120,9 +121,12 @@ def pair_report(target_ref: ModelRef, draft_ref: ModelRef) -> Report:
 
 
 def open_decoder(
-    pair: Pair, options: ModelOptions, *, method: str = "auto", draft_len: int | None = None
+    pair: Pair, options: ModelOptions, *, method: str = "auto", draft_len: int | None = None, history: bool = True
 ) -> SpeculativeDecoder:
-    """Load the target now and the draft on first use (``auto`` may never need it)."""
+    """Load the target now and the draft on first use (``auto`` may never need it).
+
+    With ``history``, earlier answers of this tokenizer are drafted from and this session's are added.
+    """
     target = LlamaModel(
         pair.target,
         n_ctx=options.n_ctx,
@@ -162,4 +166,5 @@ def open_decoder(
         # Loading reads and repacks the weights, so it takes about as long per byte as the target's did.
         draft_load_s=target.load_s * ratio,
         pass_costs=pass_costs,
+        history=HistoryStore(paths.history_file(tokenizer_identity(target))) if history else None,
     )

@@ -24,7 +24,7 @@ from localspec.engine.stats import GenerationStats
 from localspec.engine.text import TextPiece
 
 DEFAULT_MIN_INTERVAL = 0.1  # at most ~10 refreshes per second
-SOURCE_STYLES = {"target": "", "draft": "cyan", "lookup": "green"}
+SOURCE_STYLES = {"target": "", "draft": "cyan", "lookup": "green", "suffix": "magenta"}
 BARS = " ▁▂▃▄▅▆▇█"
 MAX_CHART_POSITIONS = 24
 LIVE_ROWS = 3  # rows of an unfinished line kept in the live region
@@ -192,6 +192,7 @@ class LiveView:
             text.append("target", style="default")
             text.append(" draft", style=SOURCE_STYLES["draft"])
             text.append(" lookup", style=SOURCE_STYLES["lookup"])
+            text.append(" history", style=SOURCE_STYLES["suffix"])
         return text
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from bench_engine import pass_costs
 
 from localspec.bench.runner import BASELINE, BenchRunner, BenchSettings
-from localspec.bench.workloads import shipped_prompts
+from localspec.bench.workloads import select, shipped_prompts
 from localspec.engine.controller import TRUSTED_SAMPLES, Controller
 from localspec.engine.decoder import LOOKUP_MAX_NGRAM
 from localspec.engine.lookup import PromptLookupProposer
@@ -39,7 +39,7 @@ def record(path: str) -> None:
     costs, _ = pass_costs(decoder.target, sizes=COST_SIZES)
     runner = BenchRunner(decoder, BenchSettings([BASELINE], max_tokens=RECORD_TOKENS))
     answers = []
-    for prompt in shipped_prompts():
+    for prompt in select(shipped_prompts(), None):
         item = runner.prepare(prompt)
         decoder.target.reset()
         steps = decoder.generate(item.tokens, max_tokens=RECORD_TOKENS)

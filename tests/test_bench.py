@@ -29,6 +29,7 @@ from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
 from localspec.engine.decoder import Step
+from localspec.engine.history import LEAD_TOKENS
 from localspec.engine.stats import GenerationStats
 from localspec.errors import UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, load_profile
@@ -183,6 +184,7 @@ def test_bad_prompt_files_are_one_line_errors_naming_the_file(tmp_path, tiny_tar
         (["--methods", "draft"], "needs a draft model"),
         (["--write-profile", "mine"], "--write-profile needs --profile"),
         (["--write-profile", "../escape"], "profile name '../escape' is not allowed"),
+        (["--methods", "lookup+history"], "only auto+history uses an answer history"),
     ],
 )
 def test_bad_options_are_usage_errors(tiny_target, args, expected):
@@ -339,3 +341,43 @@ def test_bench_on_a_hybrid_pair_matches_the_target_alone(make_tiny_model, prompt
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert len(rows) == 6 and all(row["identical"] for row in rows)
     assert any(0 < row["acceptance_rate"] < 1 for row in rows if row["method"] == "draft")
+
+
+# -- the answer history: a cold pass, then a warm one ------------------------------------------
+def test_the_answer_history_learns_each_prompt_once_in_the_cold_pass_and_drafts_in_the_warm_one(tiny_target):
+    decoder = open_decoder(Pair(tiny_target, None, "tiny"), ModelOptions(n_ctx=512, threads=1), history=False)
+    remembering = Config("auto", None, history=True)
+    settings = BenchSettings([BASELINE, Config("auto"), remembering], runs=2, max_tokens=32, warmup_tokens=4)
+    runner = BenchRunner(decoder, settings)
+    prompts = [BenchPrompt("agents", f"p{i}", (text,)) for i, text in enumerate(["hello world", "the code", "x = 1"])]
+    result = runner.run(prompts)
+
+    assert [p.workload for p in result.prompts] == ["agents (cold)"] * 3 + ["agents (warm)"] * 3
+    store = runner.decoders[remembering].history
+    leads = [runner.prepare(prompt).tokens[-LEAD_TOKENS:] for prompt in prompts]
+    answers = [r.runs[0].tokens for r in result.records if r.config == BASELINE][:3]
+    assert len(store) == sum(len(lead) + len(answer) + 1 for lead, answer in zip(leads, answers))  # each once
+    warm = [r for r in result.records if r.config == remembering and r.prompt.workload == "agents (warm)"]
+    assert sum(m.stats.drafted_by_method.get("suffix", 0) for r in warm for m in r.runs) > 0
+    assert all(r.difference is None for r in result.records)
+    assert not paths.history_dir().exists()  # the bench never touches the user's history
+
+
+def test_bench_reports_cold_and_warm_passes_with_each_requests_speedup(tiny_target, prompt_file, tmp_path):
+    result = run("--target", tiny_target, "--prompts", prompt_file, "--workloads", "echo", "--methods",
+                 "none,auto,auto+history", "--runs", 1, "--max-tokens", 8, "--ctx", 512, "--json", tmp_path / "b.json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [(r["workload"], r["method"], r["history"]) for r in rows] == [
+        (f"echo ({name})", method, history)
+        for name in ("cold", "warm")
+        for method, history in (("none", False), ("auto", False), ("auto", True))
+    ]
+    assert "auto+history k=auto per request:" in result.output
+
+
+def test_agent_repeat_runs_only_when_named():
+    prompts = workloads.shipped_prompts()
+    assert sum(p.workload == "agent-repeat" for p in prompts) == 20
+    assert "agent-repeat" not in {p.workload for p in workloads.select(prompts, None)}
+    assert len(workloads.select(prompts, ["agent-repeat"])) == 20

@@ -22,6 +22,7 @@ from localspec.cli.chat import ChatSession, Command, parse_command, read_turn
 from localspec.conversation import Conversation
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder, Step
+from localspec.engine.history import HistoryStore
 from localspec.engine.proposers import DraftModelProposer
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece, stream_text
@@ -207,6 +208,19 @@ def test_live_view_prints_completed_lines_once(tiny_target):
     step = Step([0], ["target"], "none", 0, 0)
     view.stream([TextPiece(t, "target", step) for t in ("one\ntw", "o\n", "three")])
     assert screen.getvalue().count("one") == 1 and "one\ntwo\nthree\n" in screen.getvalue()
+
+
+def test_live_view_colours_tokens_drafted_from_the_answer_history(tiny_target):
+    decoder = make_decoder(tiny_target, method="auto")
+    decoder.history = HistoryStore(None)
+    prompt = decoder.target.tokenize("hello world def x", add_bos=True)
+    for _ in range(2):  # the first answer fills the history (and the controller's costs), the second drafts from it
+        screen = io.StringIO()
+        view = LiveView(Console(file=screen, force_terminal=True, width=100), decoder)
+        pieces = list(stream_text(decoder.target, decoder.generate(prompt, max_tokens=40)))
+        view.stream(pieces)
+    assert any(piece.source == "suffix" for piece in pieces)
+    assert "history" in view.status_text(decoder.stats, 1.0).plain
 
 
 # -- a real terminal -----------------------------------------------------------------------------

@@ -313,3 +313,23 @@ def test_a_target_that_cannot_roll_back_never_speculates_and_says_why():
     teach(controller, "lookup", 32, 0.99)
     assert controller.plan(lookup_available=32, lookup_match_len=32).method == "none"
     assert "no checkpoint" in controller.draft_status()
+
+
+def test_suffix_drafts_are_priced_by_their_own_acceptance_and_only_in_auto():
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 4, 0.2)
+    teach(controller, "suffix", 8, 0.95)
+    # Earlier answers predict this one better than the context does: auto drafts from them.
+    plan = controller.plan(lookup_available=64, lookup_match_len=4, suffix_available=64, suffix_match_len=8)
+    assert plan.method == "suffix" and plan.k >= 8
+    # The same match in the context's estimate was not touched by the suffix rounds, and vice versa.
+    assert controller.acceptance("lookup", 8) < 0.9 < controller.acceptance("suffix", 8)
+    assert controller.costs()["suffix_acceptance"][8] == round(controller.acceptance("suffix", 8), 3)
+    # A history that keeps failing is left alone.
+    teach(controller, "suffix", 8, 0.05, rounds=200)
+    only_history = {"lookup_available": 0, "lookup_match_len": 0, "suffix_available": 64, "suffix_match_len": 8}
+    assert controller.plan(**only_history).method == "none"
+    # Fixed methods never draft from the history.
+    lookup = measured(CPU, method="lookup")
+    teach(lookup, "suffix", 8, 0.99)
+    assert lookup.plan(**only_history).method == "none"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from scipy import stats
 from localspec.engine import acceptance
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.history import HistoryStore
 from localspec.engine.proposers import DraftModelProposer
 from localspec.engine.sampling import SamplingParams, probabilities, sample
 from localspec.errors import ContextFullError
@@ -260,3 +262,58 @@ def test_draft_catch_up_is_priced_as_proposed(tiny_target, tiny_draft, baselines
     assert (second.catch_up_tokens, second.steps) == (0, 2)
     draft.sync(context)
     assert draft.catch_up(context + expected[:10]) == 9
+
+
+# --- suffix decoding: drafts from earlier answers never change an output token ------------------------
+
+
+def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, baselines, localspec_home):
+    """A second session finds the first session's answers on disk, drafts from them, and emits exactly
+    target-alone's tokens; a history holding a wrong answer costs rejections, never a changed token."""
+    path = localspec_home / "history" / "tiny.bin"
+    first = make_decoder(tiny_target)
+    first.history = HistoryStore(path)
+    for prompt, expected in baselines:
+        assert generate(first, prompt) == expected
+    second = make_decoder(tiny_target)
+    second.history = HistoryStore(path)
+    suffix_drafted = 0
+    for prompt, expected in baselines:
+        assert generate(second, prompt) == expected
+        suffix_drafted += second.stats.accepted_by_method.get("suffix", 0)
+    assert suffix_drafted > 0, "the history was never drafted from, so the test proved nothing"
+
+    wrong = HistoryStore(None)
+    for prompt, expected in baselines:
+        # Every eighth token of the stored answers is wrong: copies run, then fail there.
+        wrong.add(prompt, [(t + 1) % 200 if i % 8 == 7 else t for i, t in enumerate(expected)])
+    third = make_decoder(tiny_target)
+    third.history = wrong
+    rejected = 0
+    for _ in range(2):
+        for prompt, expected in baselines:
+            assert generate(third, prompt) == expected
+            rejected += third.stats.drafted_by_method.get("suffix", 0) - third.stats.accepted_by_method.get("suffix", 0)
+    assert rejected > 0
+
+
+def test_sampled_output_with_suffix_drafts_follows_target_distribution(sampling_case):
+    target, _, prompt, dist = sampling_case
+    decoder = make_decoder(target, method="auto", draft_len=2)
+    likely = generate(make_decoder(target, method="none"), prompt, N_TOKENS)
+    decoder.history = HistoryStore(None)
+    decoder.history.add(prompt, likely)
+    decoder.history.learning = False  # the same proposals for every sample
+    generate(decoder, prompt, 8)  # auto measures a few one-token passes before it speculates
+    by_method = Counter()
+    plain = decoder.generate
+
+    def counting(*args, **kwargs):
+        yield from plain(*args, **kwargs)
+        by_method.update(decoder.stats.drafted_by_method)
+
+    decoder.generate = counting
+    pvalue, drafted, accepted = sequence_pvalue(decoder, prompt, dist)
+    assert pvalue > ALPHA
+    assert by_method["suffix"] > 0.5 * drafted, by_method
+    assert 0.1 * drafted < accepted < 0.9 * drafted

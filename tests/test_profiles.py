@@ -56,6 +56,12 @@ def test_a_minimal_user_profile_gets_the_defaults():
     assert profile.target.mirrors == () and profile.target.sha256 is None
 
 
+def test_a_profile_can_turn_the_answer_history_off():
+    write_user_profile("private", MINIMAL + "[defaults]\nhistory = false\n")
+    assert load_profile("private").defaults.history is False
+    assert Defaults().history is True
+
+
 def test_a_user_profile_shadows_a_shipped_one():
     write_user_profile(DEFAULT_PROFILE, MINIMAL)
     assert load_profile(DEFAULT_PROFILE).description == "mine"
@@ -85,6 +91,7 @@ def test_profile_names_cannot_traverse(name):
         (MINIMAL + "[defaults]\nmethod = \"fast\"\n", "defaults.method"),
         (MINIMAL + "[defaults]\ntop_p = 0\n", "defaults.top_p"),
         (MINIMAL + "[defaults]\nspeed = 1\n", "defaults.speed"),
+        (MINIMAL + "[defaults]\nhistory = \"off\"\n", "defaults.history"),
         (MINIMAL.replace('file = "target.gguf"', 'file = "target.gguf"\nsha256 = "ABC"'), "target.sha256"),
         (MINIMAL.replace('file = "target.gguf"', 'file = "target.gguf"\nsize = -1'), "target.size"),
         (MINIMAL.replace('repo = "me/target-GGUF"', 'repo = "../../etc"'), "target.repo"),

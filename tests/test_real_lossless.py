@@ -7,6 +7,7 @@ import pytest
 from localspec.conversation import Conversation
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.history import HistoryStore
 from localspec.engine.proposers import DraftModelProposer
 
 pytestmark = pytest.mark.real
@@ -48,11 +49,11 @@ def real_models(qwen_pair):
     return target, draft
 
 
-def answer_tokens(target, draft, prompt, method, draft_len=None):
+def answer_tokens(target, draft, prompt, method, draft_len=None, history=None):
     # Every answer starts from an empty KV cache, as target alone's does: prompt prefill takes fast kernels
     # that are not batch-invariant, so a prompt prefix kept from another answer may differ by rounding.
     target.reset()
-    decoder = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len)
+    decoder = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, history=history)
     conversation = Conversation(decoder)
     tokens = []
     steps = decoder.generate(conversation_prompt(conversation, prompt), max_tokens=MAX_TOKENS)
@@ -87,3 +88,15 @@ def test_greedy_output_is_target_alone_token_for_token(real_models, baselines, m
     assert min(len(t) for t in baselines.values()) >= 128
     if method != "auto":
         assert drafted > 0
+
+
+def test_auto_drafting_from_a_warm_answer_history_is_target_alone_token_for_token(real_models, baselines):
+    target, draft = real_models
+    history = HistoryStore(None)
+    from_history = 0
+    for _ in range(2):  # the first pass fills the history, the second finds every answer in it
+        for prompt in PROMPTS:
+            tokens, stats = answer_tokens(target, draft, prompt, "auto", history=history)
+            assert tokens == baselines[prompt]
+            from_history += stats.accepted_by_method.get("suffix", 0)
+    assert from_history > 0

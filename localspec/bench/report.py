@@ -16,6 +16,8 @@ JSON schema (``localspec bench --json FILE``), version ``localspec-bench/1``::
 
     Row = {
       "workload": str, "method": str,  # method: none, draft, lookup, hybrid or auto
+                                     # (a workload "NAME (cold)" / "NAME (warm)": a pass, see bench/runner.py)
+      "history": bool,               # with an answer history (suffix decoding): --methods auto+history
       "draft_len": int | "auto" | null,  # "auto": chosen each round by the controller; null for "none"
       "prompts": int, "runs": int,
       "tok_per_s": float,            # decode tok/s: per prompt the median over runs, then the mean over prompts
@@ -61,6 +63,7 @@ MIN_GAIN = 1.05
 CSV_FIELDS = (
     "workload",
     "method",
+    "history",
     "draft_len",
     "prompts",
     "runs",
@@ -127,12 +130,12 @@ def recommend(rows: Sequence[dict]) -> list[Recommendation]:
 
 def recommend_overall(rows: Sequence[dict]) -> Recommendation:
     """One configuration for every workload: the best geometric-mean speedup among those lossless everywhere."""
-    by_config: dict[tuple[str, object], list[dict]] = {}
+    by_config: dict[tuple[str, object, bool], list[dict]] = {}
     for row in rows:
-        by_config.setdefault((row["method"], row["draft_len"]), []).append(row)
+        by_config.setdefault((row["method"], row["draft_len"], row["history"]), []).append(row)
     candidates = [
         {"method": method, "draft_len": draft_len, "speedup": _geomean(r["speedup"] for r in group), "identical": None}
-        for (method, draft_len), group in by_config.items()
+        for (method, draft_len, _), group in by_config.items()
         if method != "none" and all(r["identical"] is not False and r["speedup"] is not None for r in group)
     ]
     return _best("*", candidates)
@@ -210,6 +213,7 @@ def _row(
     return {
         "workload": workload,
         "method": config.method,
+        "history": config.history,
         "draft_len": _draft_len(config),
         "prompts": len(records),
         "runs": max((len(r.runs) for r in records), default=0),
@@ -272,7 +276,7 @@ def _best(workload: str, rows: Sequence[dict]) -> Recommendation:
 
 # -- small helpers -----------------------------------------------------------------------------------
 def row_label(row: dict) -> str:
-    return Config(row["method"], row["draft_len"] if isinstance(row["draft_len"], int) else None).label
+    return Config(row["method"], row["draft_len"] if isinstance(row["draft_len"], int) else None, row["history"]).label
 
 
 def _speedup_of(rows: Sequence[dict], workload: str, label: str) -> float | None:

@@ -21,18 +21,24 @@ How figures are kept honest on a shared, noisy machine:
 
 Each configuration gets its own decoder (and so its own controller and learned acceptance) over the
 shared target and draft weights, so one configuration's beliefs never leak into another's figures.
+
+A configuration with an answer history (suffix decoding) gets an empty one in memory, never the user's.
+With one, the prompts are run twice, in order: a cold pass, where the history learns each prompt's first
+answer (so later prompts draw on earlier ones, as in an agent's session), then a warm pass over the same
+prompts, where it learns nothing more. The passes are reported as workloads "NAME (cold)" and "NAME (warm)".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from localspec.bench.workloads import BenchPrompt
 from localspec.conversation import TEMPLATE_KEY, Conversation
 from localspec.engine.backend import LlamaModel
 from localspec.engine.controller import expected_tokens
 from localspec.engine.decoder import SpeculativeDecoder, Step
+from localspec.engine.history import HistoryStore
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats, judged
 
@@ -40,22 +46,26 @@ DEFAULT_RUNS = 3
 DEFAULT_MAX_TOKENS = 192
 DEFAULT_WARMUP_TOKENS = 16
 USES_DRAFT = ("draft", "hybrid", "auto")
+HISTORY_PASSES = ("cold", "warm")
+HISTORY_SUFFIX = "+history"  # how --methods names a configuration with an answer history: auto+history
 
 ProgressCallback = Callable[[str, int, int], None]  # (what is running, done, total)
 
 
 @dataclass(frozen=True)
 class Config:
-    """One speculative configuration; ``draft_len`` None lets the controller choose (shown as "auto")."""
+    """One speculative configuration; ``draft_len`` None lets the controller choose (shown as "auto");
+    ``history``: with an answer history for suffix decoding (``auto`` only)."""
 
     method: str
     draft_len: int | None = None
+    history: bool = False
 
     @property
     def label(self) -> str:
         if self.method == "none":
             return "none"
-        return f"{self.method} k={self.draft_len or 'auto'}"
+        return f"{self.method}{HISTORY_SUFFIX if self.history else ''} k={self.draft_len or 'auto'}"
 
 
 BASELINE = Config("none")
@@ -188,24 +198,44 @@ class BenchRunner:
                 draft_cost_ratio=ratio,
                 draft_load_s=decoder.controller.draft_load_s,
                 pass_costs=decoder.pass_costs,
+                history=HistoryStore(None) if config.history else None,
             )
             for config in settings.all_configs
         }
+        self.learn(None, 0)
+
+    def passes(self) -> tuple[str | None, ...]:
+        """The passes over the prompts: cold then warm with an answer history (see the module docstring)."""
+        return HISTORY_PASSES if any(config.history for config in self.settings.all_configs) else (None,)
+
+    def learn(self, pass_name: str | None, run: int) -> None:
+        """Let the answer histories learn the next answers if they are a prompt's first in the cold pass
+        (``learn(None, 0)``: learn nothing, as in the warm-up)."""
+        for decoder in self.decoders.values():
+            if decoder.history is not None:
+                decoder.history.learning = pass_name == HISTORY_PASSES[0] and run == 0
 
     def run(self, prompts: Sequence[BenchPrompt]) -> BenchResult:
         prepared = [self.prepare(prompt) for prompt in prompts]
         self.warm_up(prepared[0])
         configs = self.settings.all_configs
-        records = {(p.prompt.id, p.prompt.workload, c): PromptRecord(p.prompt, c) for p in prepared for c in configs}
-        total, done = len(prepared) * self.settings.runs * len(configs), 0
-        for item in prepared:
-            for run in range(self.settings.runs):
-                self.progress(f"{item.prompt.workload}/{item.prompt.id}: run {run + 1}", done, total)
-                by_config = self.measure_together(item, _rotated(configs, run))
-                done += len(configs)
-                self._relate(item.prompt, by_config, records)
+        passes = self.passes()
+        records: dict[tuple, PromptRecord] = {}
+        shown = []
+        total, done = len(passes) * len(prepared) * self.settings.runs * len(configs), 0
+        for name in passes:
+            for item in prepared:
+                prompt = in_pass(item.prompt, name)
+                shown.append(prompt)
+                for run in range(self.settings.runs):
+                    self.progress(f"{prompt.workload}/{prompt.id}: run {run + 1}", done, total)
+                    self.learn(name, run)
+                    by_config = self.measure_together(item, _rotated(configs, run))
+                    done += len(configs)
+                    self._relate(prompt, by_config, records)
+        self.learn(None, 0)
         self.progress("done", total, total)
-        return BenchResult(self.settings, list(prompts), list(records.values()))
+        return BenchResult(self.settings, shown, list(records.values()))
 
     # -- preparation -----------------------------------------------------------------------------
     def prepare(self, prompt: BenchPrompt) -> PreparedPrompt:
@@ -307,12 +337,17 @@ class BenchRunner:
         baseline = by_config[BASELINE]
         base_rate = baseline.stats.decode_tok_per_s
         for config, measurement in by_config.items():
-            record = records[(prompt.id, prompt.workload, config)]
+            record = records.setdefault((prompt.id, prompt.workload, config), PromptRecord(prompt, config))
             rate = measurement.stats.decode_tok_per_s
             measurement.speedup = rate / base_rate if base_rate > 0 and rate > 0 else None
             record.runs.append(measurement)
             if self.settings.sampling.greedy and record.difference is None and config != BASELINE:
                 record.difference = compare_tokens(baseline.tokens, measurement.tokens, self._describe)
+
+
+def in_pass(prompt: BenchPrompt, name: str | None) -> BenchPrompt:
+    """The prompt as reported in pass ``name`` (None: the only pass)."""
+    return prompt if name is None else replace(prompt, workload=f"{prompt.workload} ({name})")
 
 
 def _rotated(configs: Sequence[Config], run: int) -> list[Config]:

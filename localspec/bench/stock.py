@@ -53,7 +53,14 @@ from pathlib import Path
 from statistics import fmean, geometric_mean, median
 from typing import TypeVar
 
-from localspec.bench.runner import BenchRunner, BenchSettings, Config, PreparedPrompt, ProgressCallback
+from localspec.bench.runner import (
+    BenchRunner,
+    BenchSettings,
+    Config,
+    PreparedPrompt,
+    ProgressCallback,
+    in_pass,
+)
 from localspec.bench.workloads import BenchPrompt
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
@@ -308,17 +315,23 @@ class StockComparison:
         self.progress("warm-up: localspec", 0, 0)
         self.runner.warm_up(prepared[0])
         rounds: list[Round] = []
-        total, done = len(prepared) * self.settings.runs * len(self.engines), 0
+        passes = self.runner.passes()
+        total, done = len(passes) * len(prepared) * self.settings.runs * len(self.engines), 0
         for item in prepared:
             self._check_prompt_tokens(item)
-            for run in range(self.settings.runs):
-                current = Round(item.prompt)
-                shift = run % len(self.engines)
-                for engine in self.engines[shift:] + self.engines[:shift]:
-                    self.progress(f"{item.prompt.workload}/{item.prompt.id}: {engine.label}", done, total)
-                    current.runs[engine.label] = self._measure(item, engine)
-                    done += 1
-                rounds.append(current)
+        for name in passes:
+            for item in prepared:
+                prompt = in_pass(item.prompt, name)
+                for run in range(self.settings.runs):
+                    current = Round(prompt)
+                    shift = run % len(self.engines)
+                    self.runner.learn(name, run)
+                    for engine in self.engines[shift:] + self.engines[:shift]:
+                        self.progress(f"{prompt.workload}/{prompt.id}: {engine.label}", done, total)
+                        current.runs[engine.label] = self._measure(item, engine)
+                        done += 1
+                    rounds.append(current)
+        self.runner.learn(None, 0)
         self.progress("done", total, total)
         return StockResult(self.engines, rounds)
 

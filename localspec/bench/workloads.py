@@ -21,7 +21,10 @@ from localspec.errors import UsageError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "workloads"
 # The order slices are shown in; the shipped files define what exists.
-SHIPPED_ORDER = ("code-edit", "code-rewrite", "code-new", "chat", "json", "summarize", "multi-turn")
+SHIPPED_ORDER = ("code-edit", "code-rewrite", "code-new", "chat", "json", "summarize", "multi-turn", "agent-repeat")
+# Slices run only when named in --workloads: agent-repeat is a sequence of 20 requests that share structure,
+# for suffix decoding's answer history (--methods none,auto,auto+history), too long for every bench.
+NAMED_ONLY = ("agent-repeat",)
 _KEYS = {"workload", "id", "prompt", "turns", "system"}
 
 
@@ -58,10 +61,11 @@ def shipped_prompts() -> list[BenchPrompt]:
 def select(
     prompts: Iterable[BenchPrompt], workloads: list[str] | None, *, per_workload: int | None = None
 ) -> list[BenchPrompt]:
-    """Keep the named slices (all when None), in the order named, at most ``per_workload`` prompts each."""
+    """Keep the named slices (when None, all but NAMED_ONLY), in the order named, at most ``per_workload``
+    prompts each."""
     prompts = list(prompts)
     available = list(dict.fromkeys(p.workload for p in prompts))
-    wanted = workloads or available
+    wanted = workloads or [name for name in available if name not in NAMED_ONLY]
     for name in wanted:
         if name not in available:
             raise UsageError(f"unknown workload {name!r}; choose from {', '.join(available)}")

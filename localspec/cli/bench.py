@@ -20,6 +20,7 @@ from localspec.bench import report
 from localspec.bench.runner import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_RUNS,
+    HISTORY_SUFFIX,
     BenchRunner,
     BenchSettings,
     Config,
@@ -49,7 +50,12 @@ def bench_command(
         typer.Option("--prompts", help='Your own JSONL prompts: {"workload": ..., "prompt": ...} per line.'),
     ] = None,
     methods: Annotated[
-        Optional[str], typer.Option("--methods", help=f"Comma-separated methods [default: {DEFAULT_METHODS}].")
+        Optional[str],
+        typer.Option(
+            "--methods",
+            help=f"Comma-separated methods [default: {DEFAULT_METHODS}]; auto{HISTORY_SUFFIX} adds an answer "
+            "history, learned in a cold pass over the prompts and used again in a warm one.",
+        ),
     ] = None,
     draft_len: Annotated[
         str, typer.Option("--draft-len", help="Comma-separated draft lengths; 'auto' lets the controller choose.")
@@ -132,7 +138,12 @@ def bench_command(
     recommendations = report.recommend(rows)
     overall = report.recommend_overall(rows)
     for recommendation in recommendations:
-        out.print(_table(recommendation.workload, [r for r in rows if r["workload"] == recommendation.workload]))
+        workload_rows = [r for r in rows if r["workload"] == recommendation.workload]
+        out.print(_table(recommendation.workload, workload_rows))
+        if any(r["history"] for r in workload_rows):
+            for row in workload_rows[1:]:  # the learning curve: each request's speedup, in order
+                speedups = " ".join(_x(p["speedup"]) for p in row["per_prompt"])
+                out.print(f"  {report.row_label(row)} per request: {speedups}")
         out.print(f"  recommended for {recommendation.workload}: {recommendation.text}\n")
     out.print(f"overall: {overall.text}")
     _write_outputs(rows, recommendations, overall, json_path, csv_path, plot_path, _meta(pair, settings))
@@ -226,9 +237,14 @@ def _split(text: str) -> list[str]:
 
 
 def _configs(methods: list[str], draft_lens: list[int | None]) -> list[Config]:
-    for method in methods:
+    configs = []
+    for name in methods:
+        method = name.removesuffix(HISTORY_SUFFIX)
         check_method(method)
-    configs = [Config(m) if m == "none" else Config(m, k) for m in methods for k in draft_lens]
+        if method != name and method != "auto":
+            raise UsageError(f"--methods item {name!r}: only auto{HISTORY_SUFFIX} uses an answer history")
+        history = method != name
+        configs += [Config(method) if method == "none" else Config(method, k, history) for k in draft_lens]
     return list(dict.fromkeys(configs))
 
 

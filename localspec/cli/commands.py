@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from localspec.cli import bench, chat, check, doctor, profiles, pull, run
+from localspec.cli import bench, chat, check, doctor, history, profiles, pull, run
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(profiles.app, name="profiles")
+    app.add_typer(history.app, name="history")
     app.command("pull")(pull.pull_command)
     app.command("doctor")(doctor.doctor_command)
     app.command("check")(check.check_command)

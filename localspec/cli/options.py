@@ -58,6 +58,13 @@ SnapshotsOpt = Annotated[
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the checker finds the pair incompatible.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache.")]
+NoHistoryOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-history",
+        help="Neither draft from earlier answers nor keep this one (suffix decoding; see 'localspec history').",
+    ),
+]
 ExactOpt = Annotated[
     bool,
     typer.Option(
@@ -98,6 +105,7 @@ class GenerationOptions:
     force: ForceOpt = False
     offline: OfflineOpt = False
     exact: ExactOpt = False
+    no_history: NoHistoryOpt = False
 
     def open(self) -> tuple[Pair, SpeculativeDecoder, SamplingParams]:
         """Resolve the pair (downloading a profile's models if needed), check it, load the target."""
@@ -120,7 +128,8 @@ class GenerationOptions:
             rollback_snapshots=_pick(self.snapshots, DEFAULT_ROLLBACK_SNAPSHOTS),
         )
         draft_len = _pick(self.draft_len, defaults.draft_len)
-        decoder = open_decoder(pair, options, method=method, draft_len=draft_len)
+        history = defaults.history and not self.no_history
+        decoder = open_decoder(pair, options, method=method, draft_len=draft_len, history=history)
         sampling = SamplingParams(
             temperature=_pick(self.temp, defaults.temperature),
             top_k=_pick(self.top_k, defaults.top_k),

@@ -48,6 +48,12 @@ MIN_SLOPE_BATCH = 4
 # answer lengths 1.338 -> 1.358; measured side by side in lockstep, summarize gained most.
 PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.95, 32: 0.98, 64: 0.99}
 PRIOR_DRAFT_ACCEPTANCE = 0.6
+# Suffix decoding (engine/suffix.py) copies earlier answers, priced like lookup by the length of the match
+# its occurrences share with the context, but from a store that holds other requests' answers: a short
+# match there is likelier chance than in the current conversation, so its priors start lower.
+PRIOR_SUFFIX_ACCEPTANCE = {1: 0.1, 4: 0.4, 8: 0.7, 16: 0.85, 32: 0.95}
+# The sources that draft by copying, with an acceptance estimate per match length.
+COPY_SOURCES = ("lookup", "suffix")
 PRIOR_WEIGHT = 3.0
 # Lookup observations fade each round, so an estimate follows the text and an option written off long
 # ago drifts back toward its prior and gets tried again (a lookup probe costs one short pass). The draft
@@ -68,7 +74,7 @@ HOPEFUL_SIGMAS = 2.0
 
 @dataclass(frozen=True)
 class Plan:
-    method: str  # "none", "lookup" or "draft"
+    method: str  # "none", "lookup", "suffix" or "draft"
     k: int  # tokens to draft (0 for "none")
     expected_tokens: float
     expected_rate: float  # tokens per second, 0 when costs are not yet known
@@ -166,8 +172,12 @@ class Controller:
         self._overhead = 0.0
         self._checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self._restore_s: float | None = None  # restoring one, beyond the replay pass itself
-        self._lookup = {bucket: _Acceptance(a) for bucket, a in PRIOR_LOOKUP_ACCEPTANCE.items()}
-        self._buckets = sorted(self._lookup)  # planning looks one up per draft position, so by bisection
+        self._copies = {
+            source: {bucket: _Acceptance(a) for bucket, a in priors.items()}
+            for source, priors in (("lookup", PRIOR_LOOKUP_ACCEPTANCE), ("suffix", PRIOR_SUFFIX_ACCEPTANCE))
+        }
+        # planning looks one up per draft position, so by bisection
+        self._buckets = {source: sorted(estimates) for source, estimates in self._copies.items()}
         self._draft = _Acceptance(PRIOR_DRAFT_ACCEPTANCE)
         self.draft_off: str | None = None  # why auto no longer uses the draft model, once it has given up
         self._draft_declined: str | None = None  # why auto passed over the draft model last time
@@ -247,11 +257,12 @@ class Controller:
         self._overhead += COST_EMA * (seconds - self._overhead)
 
     def record_round(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
-        for estimate in self._lookup.values():
-            estimate.forget()
+        for estimates in self._copies.values():
+            for estimate in estimates.values():
+                estimate.forget()
         if source == "draft":
             self._draft.forget()
-        if drafted and source == "lookup":
+        if drafted and source in COPY_SOURCES:
             # Draft position i continues a match of match_len + i tokens if the ones before it held.
             for i in range(judged(drafted, accepted)):
                 self._estimate(source, match_len + i).record(1, int(i < accepted))
@@ -261,8 +272,9 @@ class Controller:
             self._check_draft()
 
     def _estimate(self, source: str, match_len: int) -> _Acceptance:
-        if source == "lookup":
-            return self._lookup[self._buckets[bisect.bisect_right(self._buckets, max(1, match_len)) - 1]]
+        if source in COPY_SOURCES:
+            buckets = self._buckets[source]
+            return self._copies[source][buckets[bisect.bisect_right(buckets, max(1, match_len)) - 1]]
         return self._draft
 
     def acceptance(self, source: str, match_len: int = 1) -> float:
@@ -340,7 +352,8 @@ class Controller:
             "overhead_s": round(self._overhead, 5),
             "checkpoint_s": None if self._checkpoint_s is None else round(self._checkpoint_s, 5),
             "restore_s": None if self._restore_s is None else round(self._restore_s, 5),
-            "lookup_acceptance": {b: round(e.rate, 3) for b, e in self._lookup.items()},
+            "lookup_acceptance": {b: round(e.rate, 3) for b, e in self._copies["lookup"].items()},
+            "suffix_acceptance": {b: round(e.rate, 3) for b, e in self._copies["suffix"].items()},
             "draft_acceptance": round(self._draft.rate, 3),
         }
 
@@ -359,10 +372,10 @@ class Controller:
         return self._draft_declined or "in use: expected to beat the target alone at the latest choice"
 
     # -- decisions -------------------------------------------------------------------------------
-    def _lookup_rates(self, match_len: int, k_max: int) -> list[float]:
+    def _copy_rates(self, source: str, match_len: int, k_max: int) -> list[float]:
         """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
         copy in progress is expected to run on longer the further it has already run."""
-        return [self.acceptance("lookup", match_len + i) for i in range(k_max)]
+        return [self.acceptance(source, match_len + i) for i in range(k_max)]
 
     def _best(self, source: str, rates: Sequence[float], step_cost: float) -> Plan | None:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
@@ -439,6 +452,8 @@ class Controller:
         draft_catch_up: Callable[[], int] = lambda: 0,
         generated: int = 0,
         remaining: int | None = None,
+        suffix_available: int = 0,
+        suffix_match_len: int = 0,
     ) -> Plan:
         """Choose this round's plan.
 
@@ -448,6 +463,7 @@ class Controller:
             draft_catch_up: gives the tokens the draft model would evaluate before drafting (the whole
                 context before its first use); called only when the draft model is in question.
             generated, remaining: tokens of the answer so far and left in its budget (None: unbounded).
+            suffix_available, suffix_match_len: the same for suffix decoding's draft (``auto`` only).
         """
         method = self.method
         lookup_k = min(lookup_available, self.lookup_max)
@@ -466,7 +482,10 @@ class Controller:
         if method == "auto":
             options.append(Plan("none", 0, 1.0, self._none_rate()))
         if lookup_k > 0 and method in ("lookup", "hybrid", "auto"):
-            options.append(self._best("lookup", self._lookup_rates(lookup_match_len, lookup_k), 0.0))
+            options.append(self._best("lookup", self._copy_rates("lookup", lookup_match_len, lookup_k), 0.0))
+        suffix_k = min(suffix_available, self.lookup_max)
+        if suffix_k > 0 and method == "auto":
+            options.append(self._best("suffix", self._copy_rates("suffix", suffix_match_len, suffix_k), 0.0))
         if method == "draft" or (method == "hybrid" and lookup_k == 0):
             options.append(self._best("draft", [self._draft.rate] * self.draft_max, self.draft_step_cost()))
         best = max(options, key=lambda plan: plan.expected_rate)

@@ -17,11 +17,13 @@ import numpy as np
 from localspec.engine.acceptance import verify_greedy, verify_sampled
 from localspec.engine.backend import KV, LlamaModel, common_prefix_length
 from localspec.engine.controller import Controller, Plan
+from localspec.engine.history import HistoryStore
 from localspec.engine.lookup import PromptLookupProposer
 from localspec.engine.pass_costs import PassCostMemory
 from localspec.engine.proposers import Draft, DraftModelProposer
 from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
 from localspec.engine.stats import GenerationStats
+from localspec.engine.suffix import SuffixDraft
 from localspec.errors import ContextFullError, UsageError
 
 # Matching suffixes up to 8 tokens tells a copy in progress (long matches) from chance (short ones).
@@ -33,8 +35,8 @@ class Step:
     """What one round emitted."""
 
     tokens: list[int]
-    sources: list[str]  # per token: "target", "draft" or "lookup"
-    method: str  # "none", "lookup" or "draft"
+    sources: list[str]  # per token: "target", "draft", "lookup" or "suffix"
+    method: str  # "none", "lookup", "suffix" or "draft"
     drafted: int
     accepted: int
 
@@ -49,6 +51,7 @@ class SpeculativeDecoder:
         draft_cost_ratio: prior guess of a draft step's cost relative to a target step.
         draft_load_s: prior guess of the seconds loading the draft model takes (it loads on first use).
         pass_costs: where the target's pass costs are remembered from one session to the next.
+        history: earlier answers for suffix decoding (``auto`` only); each answer is added to it.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class SpeculativeDecoder:
         draft_cost_ratio: float = 0.5,
         draft_load_s: float = 0.0,
         pass_costs: PassCostMemory | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -79,6 +83,7 @@ class SpeculativeDecoder:
         if pass_costs is not None:
             self.controller.remember(pass_costs.load())
         self.stats = GenerationStats()
+        self.history = history
 
     def _sync_lookup(self, context: Sequence[int]) -> None:
         """Make the lookup history equal ``context``, keeping the index of the common prefix."""
@@ -146,6 +151,8 @@ class SpeculativeDecoder:
             if self.pass_costs is not None:
                 self.pass_costs.save(self.controller.relative_costs())
             stats.draft_status = self.controller.draft_status()
+            if self.history is not None:
+                self.history.add(prompt, context[len(prompt) :])
 
     def _round(
         self, context: list[int], max_tokens: int, sampling: SamplingParams, rng: np.random.Generator
@@ -157,9 +164,14 @@ class SpeculativeDecoder:
             stats.stop_reason = "context_full"
             return None
         lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
+        suffix = SuffixDraft([], 0)
+        if self.history is not None and controller.method == "auto":
+            suffix = self.history.index.propose(context, controller.lookup_max)
         plan: Plan = controller.plan(
             lookup_available=len(lookup_tokens),
             lookup_match_len=self.lookup.last_match_len,
+            suffix_available=len(suffix.tokens),
+            suffix_match_len=suffix.match_len,
             draft_catch_up=lambda: self.draft.catch_up(context),
             generated=stats.generated_tokens,
             remaining=max_tokens - stats.generated_tokens,
@@ -168,6 +180,8 @@ class SpeculativeDecoder:
         draft_s = 0.0
         if plan.method == "lookup" and k:
             draft = Draft(lookup_tokens[:k], None, "lookup")
+        elif plan.method == "suffix" and k:
+            draft = Draft(suffix.tokens[:k], None, "suffix")
         elif plan.method == "draft" and k:
             t = perf_counter()
             draft = self.draft.propose(context, k, sampling, rng)
@@ -192,7 +206,8 @@ class SpeculativeDecoder:
 
         drafted = len(draft.tokens)
         method = draft.source if drafted else "none"
-        controller.record_round(method, self.lookup.last_match_len, drafted, accepted)
+        match_len = suffix.match_len if method == "suffix" else self.lookup.last_match_len
+        controller.record_round(method, match_len, drafted, accepted)
         stats.record_round(method, drafted, accepted)
         stats.draft_s += draft_s
         stats.verify_s += verify_s

@@ -9,6 +9,16 @@ copies and then carries on copying, the replacement is learned. Seen once it may
 draft applies it only as its last token (a wrong guess costs one short round); seen twice it is a rename:
 drafts apply it throughout and matching treats the two tokens as equal, so the copy runs through the
 later occurrences. Writing the old token again unlearns it.
+
+Copies follow their source. A file whose functions repeat near-identical lines gives a short match many
+earlier occurrences, and the most recent one is often another function than the one being copied. So
+the proposer tracks where a copy in progress reads from: once the answer's last FOLLOW_MIN_MATCH tokens
+occurred before, each token that equals the source's next one (or its learned replacement) moves the
+source on, and a match elsewhere no longer than the copy does not move it. After an edit (tokens
+replaced, inserted or dropped) the copy resumes where the answer meets the source again near where it
+left it. Such a copy applies renames but not a replacement seen once: in a file of near-identical
+functions, the prompt's own repetition teaches one-off "replacements" (one function's constant for the
+previous one's), and the source being copied knows better.
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ SKIP_MATCH_LEN = 3
 MAX_REPORTED_MATCH = 64
 # A replacement seen this many times is a rename, applied throughout a draft.
 RENAME_SEEN = 2
+# After an edit, a copy resumes within this many source tokens of where it broke off, or is dropped.
+RESUME_WINDOW = 16
+# A copy starts where the last this many tokens (or more) occurred before; an edit that writes them jumps
+# the copy there (the answer moved on to another part of the source).
+FOLLOW_MIN_MATCH = 3
 
 
 class PromptLookupProposer:
@@ -70,6 +85,13 @@ class PromptLookupProposer:
         self._copied_from: dict[int, int] = {}
         # learned replacements, old token -> (new token, times seen)
         self._replacements: dict[int, tuple[int, int]] = {}
+        self._reset_copy()
+
+    def _reset_copy(self) -> None:
+        self._source: int | None = None  # the position a copy in progress reads its next token from
+        self._copied = 0  # tokens that copy has followed its source for (halved at each edit)
+        self._broken_at: int | None = None  # where the source was when an edit broke the copy
+        self._since_break = 0  # tokens written since then
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -94,6 +116,7 @@ class PromptLookupProposer:
                     if n == SKIP_MIN_CONTEXT:
                         self._copied_from[position] = latest
                 self._follower[key] = position
+            self._follow_source(position, token)
             self._tokens.append(token)
 
     def _learn_replacement(self, position: int, token: int) -> None:
@@ -109,6 +132,47 @@ class PromptLookupProposer:
                 known, seen = self._replacements.get(old, (new, 0))
                 self._replacements[old] = (new, seen + 1 if known == new else 1)
 
+    def _follow_source(self, position: int, token: int) -> None:
+        """Before ``token`` is appended at ``position``: move the copy's source on (a learned replacement
+        counts as the token it replaces), or at an edit break it and resume it, or start one."""
+        tokens = self._tokens
+        if self._source is not None:
+            expected = tokens[self._source]
+            if token == expected or self._replacements.get(expected, (None,))[0] == token:
+                self._source += 1
+                self._copied += 1
+                return
+            self._broken_at, self._since_break, self._source = self._source, 0, None
+        elif self._broken_at is not None:
+            self._since_break += 1
+            resumed = self._resume(position, token)
+            if resumed is not None:
+                self._source, self._copied = resumed[0] + 1, resumed[1]
+                self._broken_at = None
+                return
+            if self._since_break >= RESUME_WINDOW:
+                self._broken_at = None
+        # A copy starts (or, at a break, jumps) where the suffix ending with this token occurred before.
+        for n in range(min(self.max_ngram, position + 1), max(self.min_ngram, FOLLOW_MIN_MATCH) - 1, -1):
+            source = self._follower.get((*tokens[position - n + 1 : position], token))
+            if source is not None:
+                self._source, self._broken_at, self._copied = source, None, n
+                return
+
+    def _resume(self, position: int, token: int) -> tuple[int, int] | None:
+        """Where ``token`` meets the source again after an edit, and the copied length to report from
+        there; None if it does not. First as if the edit replaced as many tokens as it wrote, then as if
+        it inserted them (the copy goes on, with half its length); elsewhere near the break the token
+        before it must match too (a copy of two tokens)."""
+        tokens, broken_at = self._tokens, self._broken_at
+        for j in (broken_at + self._since_break, broken_at):
+            if j < position and tokens[j] == token:
+                return j, max(SKIP_MATCH_LEN, self._copied // 2)
+        for j in range(max(1, broken_at), min(broken_at + RESUME_WINDOW, position)):
+            if tokens[j] == token and tokens[j - 1] == tokens[position - 1]:
+                return j, 2
+        return None
+
     def truncate(self, n: int) -> None:
         """Drop history back to its first ``n`` tokens (a reset, or a turn regenerated or edited).
 
@@ -123,6 +187,7 @@ class PromptLookupProposer:
         self._previous = {}
         self._copied_from = {}
         self._replacements = {}
+        self._reset_copy()
         self.extend(kept)
 
     def propose(self, max_tokens: int) -> list[int]:
@@ -165,7 +230,11 @@ class PromptLookupProposer:
                 break
         else:
             n, start = 0, None
-        if n < SKIP_MIN_CONTEXT:
+        if self._source is not None and n <= self._copied:
+            # The copy in progress, unless the answer matches elsewhere further back than it has copied.
+            # A replacement seen once is not applied: the source is known, so its token is the likelier.
+            n, start, replace = min(self._copied, MAX_REPORTED_MATCH), self._source, renames
+        elif n < SKIP_MIN_CONTEXT:
             for m in range(min(self.max_ngram, size - 2), max(n, SKIP_MIN_CONTEXT - 1), -1):
                 context = tuple(tokens[size - 1 - m : size - 1])
                 edited = self._follower.get(context)

@@ -28,7 +28,7 @@ class Draft:
     tokens: list[int]
     # q[i] is the draft distribution at position i, or None for a deterministic proposer (point mass).
     q: list[np.ndarray] | None
-    source: str  # "draft" or "lookup"
+    source: str  # "draft", "lookup" or "suffix"
     catch_up_tokens: int = 0  # context tokens the draft model evaluated as a batch before its steps
     catch_up_s: float = 0.0
     steps: int = 0  # draft-model passes of one or two tokens, each giving the next draft token's logits

@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import Step
 
 
+# GenerationStats.stop_reason when a stop string ended the answer (set through stream_text's on_stop).
+STOP_STRING = "stop_string"
+
+
 @dataclass
 class TextPiece:
     text: str
-    source: str  # "target", "draft" or "lookup": where the token(s) behind this text came from
+    source: str  # "target", "draft", "lookup" or "suffix": where the token(s) behind this text came from
     step: Step  # the round it belongs to, for live figures
 
 
-def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
+def stream_text(
+    model: LlamaModel,
+    steps: Iterable[Step],
+    *,
+    stop: Sequence[str] = (),
+    on_stop: Callable[[], None] | None = None,
+) -> Iterator[TextPiece]:
     """Turn decoder steps into text pieces, ending at the first stop string (which is not emitted).
 
     Text that could be the start of a stop string is held back until it is known not to be one. When a
-    stop string is found the step iterator is closed, so the decoder rolls its caches back at once.
+    stop string is found, ``on_stop`` is called (the round that held it may also have used up the token
+    budget, so the decoder's stop reason alone cannot tell) and the step iterator is closed, so the
+    decoder rolls its caches back at once.
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     held = ""  # decoded text not yet emitted: an incomplete character or a possible stop-string start
@@ -34,6 +46,8 @@ def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str]
                 held += decoder.decode(model.token_bytes(token))
                 cut = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
                 if cut >= 0:
+                    if on_stop is not None:
+                        on_stop()
                     if cut:
                         yield TextPiece(held[:cut], source, step)
                     return  # the finally below closes the decoder's generator

@@ -20,7 +20,7 @@ from localspec.conversation import TEMPLATE_KEY, Conversation
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
-from localspec.engine.text import stream_text
+from localspec.engine.text import STOP_STRING, stream_text
 from localspec.errors import ContextFullError, LocalspecError, TemplateError, UsageError
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.tui import summary_line
@@ -198,7 +198,10 @@ class GenerationWorker:
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
                                  prefill_progress=abandon_if_cancelled)
-        with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
+        def stopped_by_string() -> None:
+            decoder.stats.stop_reason = STOP_STRING
+
+        with closing(stream_text(decoder.target, steps, stop=request.stop, on_stop=stopped_by_string)) as pieces:
             for piece in pieces:
                 if job.cancelled:
                     return

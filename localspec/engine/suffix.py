@@ -1,0 +1,190 @@
+"""Suffix decoding: draft from earlier answers of the same model, scored by how often each continuation followed.
+
+Agents and scripted pipelines repeat themselves across requests (tool-call JSON, SQL over one schema, the
+same edit to several files), so the answers of earlier requests predict the current one where the current
+context alone (prompt lookup) does not. After SuffixDecoding (arXiv 2411.04975), the index finds the earlier
+places where the context's suffix occurred, and drafts the continuation most of them share: at each token
+where they disagree, the most frequent branch is taken and the draft's score (the share of occurrences
+still agreeing) drops; the draft stops once it falls below ``DEFAULT_MIN_SCORE``. It drafts the best
+branch only, not a token tree: a tree needs several sequence ids in one verifying pass, which the
+backend's exact kernels and KV rollback are not written for, and what it could add is bounded by the
+share of occurrences on the branches not taken; whether that is worth it is for a measurement on the
+agent-repeat bench slice to show.
+
+The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 160 MB and a
+lookup costs about 0.1 ms (``scripts/bench_suffix.py``). Each position is keyed by a hash of the
+``KEY_LEN`` tokens before it; the keys are sorted once, and answers added later go into a small second
+table that is folded into the first when it grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Tokens hashed into a key: shorter finds more matches, longer fewer chance ones.
+KEY_LEN = 3
+# Ends every stored answer, so no key and no draft spans two answers.
+SEPARATOR = -1
+# The most recent occurrences of a key that are weighed; older ones rarely change the majority.
+DEFAULT_MAX_OCCURRENCES = 64
+# How far back a match is measured; occurrences matching at least TRUSTED_MATCH tokens (or the longest
+# match, if shorter) vote on the continuation, so the counts come from places that look like this one.
+MAX_MATCH = 32
+TRUSTED_MATCH = 8
+DEFAULT_MIN_SCORE = 0.3
+DEFAULT_MAX_DRAFT = 64
+# The recent table is folded into the sorted one once it holds this share of the tokens.
+MERGE_SHARE = 0.125
+MIN_MERGE_TOKENS = 1 << 16
+_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class SuffixDraft:
+    """A draft from the index: ``tokens``, and ``match_len``, how many context tokens the occurrences it
+    continues matched (up to ``MAX_MATCH``). Empty when the context's last ``KEY_LEN`` tokens never occurred."""
+
+    tokens: list[int]
+    match_len: int
+
+
+def _keys(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The hash of the KEY_LEN tokens before each position (which must be at least KEY_LEN)."""
+    key = np.zeros(len(positions), dtype=np.uint64)
+    for back in range(KEY_LEN, 0, -1):
+        key = key * _MULTIPLIER + (tokens[positions - back].astype(np.int64) + 2).astype(np.uint64)
+    return key
+
+
+class _Table:
+    """Positions sorted by the key of the tokens before them (ties by position, oldest first)."""
+
+    def __init__(self, tokens: np.ndarray, start: int, stop: int) -> None:
+        positions = np.arange(max(start, KEY_LEN), stop, dtype=np.int64)
+        # A key must lie inside one answer, and a separator is never a continuation.
+        ok = tokens[positions] != SEPARATOR
+        for back in range(1, KEY_LEN + 1):
+            ok &= tokens[positions - back] != SEPARATOR
+        positions = positions[ok]
+        keys = _keys(tokens, positions)
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.positions = positions[order].astype(np.int32)
+
+    def occurrences(self, key: np.uint64, limit: int) -> np.ndarray:
+        lo = int(np.searchsorted(self.keys, key, side="left"))
+        hi = int(np.searchsorted(self.keys, key, side="right"))
+        return self.positions[max(lo, hi - limit) : hi]
+
+
+class SuffixIndex:
+    """Earlier answers, searchable by the context's suffix.
+
+    Args:
+        tokens: the stored answers, each ending with ``SEPARATOR``.
+        max_occurrences, min_score, max_draft: see the module constants.
+    """
+
+    def __init__(
+        self,
+        tokens: Sequence[int] | np.ndarray = (),
+        *,
+        max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
+        min_score: float = DEFAULT_MIN_SCORE,
+        max_draft: int = DEFAULT_MAX_DRAFT,
+    ) -> None:
+        if not 0.0 < min_score <= 1.0:
+            raise ValueError(f"min_score must be in (0, 1], got {min_score}")
+        self.max_occurrences = max_occurrences
+        self.min_score = min_score
+        self.max_draft = max_draft
+        self._tokens = np.asarray(tokens, dtype=np.int32)
+        self._size = len(self._tokens)
+        self._sorted = _Table(self._tokens, 0, self._size)
+        self._recent = _Table(self._tokens, self._size, self._size)
+        self._recent_start = self._size
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The stored answers, each ending with SEPARATOR (a view; do not modify)."""
+        return self._tokens[: self._size]
+
+    def add(self, answer: Sequence[int]) -> None:
+        """Store one answer (its lead-in from the prompt first, so the answer's opening can be drafted)."""
+        if not answer:
+            return
+        new = np.asarray([*answer, SEPARATOR], dtype=np.int32)
+        end = self._size + len(new)
+        if end > len(self._tokens):
+            grown = np.empty(max(end, 2 * len(self._tokens)), dtype=np.int32)
+            grown[: self._size] = self._tokens[: self._size]
+            self._tokens = grown
+        self._tokens[self._size : end] = new
+        self._size = end
+        if end - self._recent_start > max(MIN_MERGE_TOKENS, MERGE_SHARE * end):
+            self._sorted = _Table(self._tokens, 0, end)
+            self._recent_start = end
+        self._recent = _Table(self._tokens, self._recent_start, end)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> SuffixDraft:
+        """Draft up to ``max_tokens`` tokens continuing ``context`` from the stored answers."""
+        count = min(max_tokens, self.max_draft)
+        tail = np.asarray(context[-MAX_MATCH:], dtype=np.int64)
+        if count <= 0 or len(tail) < KEY_LEN or self._size == 0:
+            return SuffixDraft([], 0)
+        key = _keys(tail, np.array([len(tail)]))[0]
+        limit = self.max_occurrences
+        found = np.concatenate((self._sorted.occurrences(key, limit), self._recent.occurrences(key, limit)))
+        if len(found) == 0:
+            return SuffixDraft([], 0)
+        tokens = self._tokens
+        found = found[-limit:].astype(np.int64)
+        # How far back each occurrence matches the context (a hash collision matches less than KEY_LEN).
+        back = found[:, None] - 1 - np.arange(len(tail))
+        before = np.where(back >= 0, tokens[np.maximum(back, 0)], SEPARATOR)
+        same = before == tail[::-1]
+        match = np.where(same.all(axis=1), len(tail), same.argmin(axis=1))
+        longest = int(match.max())
+        if longest < KEY_LEN:
+            return SuffixDraft([], 0)
+        voters = found[match >= min(longest, TRUSTED_MATCH)]
+        return SuffixDraft(self._follow(voters, count), longest)
+
+    def _follow(self, starts: np.ndarray, count: int) -> list[int]:
+        """The continuation most of ``starts`` share, cut where the share still agreeing drops below min_score."""
+        ahead = starts[:, None] + np.arange(count)
+        rows = np.where(ahead < self._size, self._tokens[np.minimum(ahead, self._size - 1)], SEPARATOR)
+        if len(rows) > 1:
+            # Sorted as byte strings, so rows sharing a prefix are adjacent (8x faster than np.lexsort).
+            keys = np.ascontiguousarray(rows, dtype=">i4").view(np.dtype((np.void, 4 * count))).ravel()
+            rows = rows[np.argsort(keys)]
+        lo, hi, total = 0, len(rows), len(rows)
+        draft: list[int] = []
+        j = 0
+        while j < count:
+            column = rows[lo:hi, j]
+            if column[0] != column[-1]:
+                # The rows agree up to column j, so each continuation is a run of this column.
+                bounds = [0, *(np.flatnonzero(column[1:] != column[:-1]) + 1).tolist(), len(column)]
+                # ties: the first run in sorted order, deterministically
+                best = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
+                if bounds[best + 1] - bounds[best] < self.min_score * total:
+                    break  # the share of occurrences still agreeing would fall below min_score
+                lo, hi = lo + bounds[best], lo + bounds[best + 1]
+            # Rows lo..hi agree on column j; sorted, they agree up to where their first and last differ.
+            differs = np.flatnonzero(rows[lo, j:] != rows[hi - 1, j:])
+            end = j + int(differs[0]) if len(differs) else count
+            run = rows[lo, j:end]
+            stop = np.flatnonzero(run == SEPARATOR)
+            if len(stop):
+                draft += run[: stop[0]].tolist()
+                break
+            draft += run.tolist()
+            j = end
+        return draft

@@ -1,0 +1,69 @@
+"""Suffix decoding's index: matches in earlier answers, continuations chosen by count, drafts cut where
+the count drops."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.engine.suffix import DEFAULT_MAX_OCCURRENCES, MIN_MERGE_TOKENS, SuffixIndex
+
+
+def make_index(*answers, **knobs) -> SuffixIndex:
+    index = SuffixIndex(**knobs)
+    for answer in answers:
+        index.add(answer)
+    return index
+
+
+def test_an_empty_index_or_a_short_context_drafts_nothing():
+    assert make_index().propose([1, 2, 3], 8).tokens == []
+    assert make_index([1, 2, 3, 4]).propose([2, 3], 8).tokens == []  # shorter than a key
+
+
+def test_continues_an_earlier_answer_up_to_its_end():
+    draft = make_index([10, 11, 12, 13, 14, 15]).propose([99, 11, 12, 13], 8)
+    assert draft.tokens == [14, 15]  # the answer ended there: no token of the next one
+    assert draft.match_len == 3
+
+
+def test_the_majority_continuation_wins_and_the_draft_stops_where_support_drops():
+    common, rare = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9]
+    index = make_index(common, common, rare, min_score=0.5)
+    assert index.propose([1, 2, 3], 8).tokens == [4, 5, 6]
+    # A three-way split leaves no continuation with half the support: the draft stops before it.
+    split = make_index([1, 2, 3, 7], [1, 2, 3, 8], [1, 2, 3, 9], min_score=0.5)
+    assert split.propose([1, 2, 3], 8).tokens == []
+
+
+def test_longer_matches_outvote_more_frequent_short_ones():
+    """Copies follow their source: occurrences that match the context further back decide the branch."""
+    index = make_index(*([[5, 1, 2, 3, 4]] * 5), [6, 7, 8, 9, 10, 11, 1, 2, 3, 40, 41])
+    assert index.propose([6, 7, 8, 9, 10, 11, 1, 2, 3], 4).tokens == [40, 41]
+    assert index.propose([0, 1, 2, 3], 4).tokens == [4]
+
+
+def test_draft_length_is_capped():
+    index = make_index(list(range(100)), max_draft=10)
+    assert len(index.propose([0, 1, 2], 50).tokens) == 10
+    assert len(index.propose([0, 1, 2], 4).tokens) == 4
+
+
+def test_answers_added_after_a_merge_are_found_with_the_older_ones():
+    filler = list(range(1000, 1000 + MIN_MERGE_TOKENS))
+    # large enough to fold the recent table into the sorted one
+    index = make_index([1, 2, 3, 4], [1, 2, 3, 4], filler, min_score=0.5)
+    index.add([1, 2, 3, 9])
+    index.add([7, 8, 9, 5])
+    assert index.propose([1, 2, 3], 4).tokens == [4]  # two votes from the sorted table, one from the recent
+    assert index.propose([7, 8, 9], 4).tokens == [5]
+    assert len(index) == 2 * 5 + len(filler) + 1 + 2 * 5
+
+
+def test_only_the_most_recent_occurrences_vote():
+    index = make_index(*([[1, 2, 3, 4]] * DEFAULT_MAX_OCCURRENCES), *([[1, 2, 3, 5]] * DEFAULT_MAX_OCCURRENCES))
+    assert index.propose([1, 2, 3], 4).tokens == [5]  # with the older ones too, a tie would draft 4
+
+
+def test_bad_knobs_are_refused():
+    with pytest.raises(ValueError, match="min_score"):
+        SuffixIndex(min_score=0.0)
