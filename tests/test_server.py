@@ -28,6 +28,7 @@ from localspec.server.app import LocalServer, make_app
 from localspec.server.schema import GenerationRequest
 from localspec.server.worker import GenerationWorker, Job
 from localspec.session import ModelOptions, Pair, open_decoder
+from tests.tiny_models import QWEN_TOOLS_TEMPLATE
 
 N_CTX = 1024
 SYSTEM = "You answer in code."
@@ -275,6 +276,104 @@ def test_cors_only_for_the_given_origin(tiny_target):
         assert "access-control-allow-origin" not in other.headers
 
 
+# -- tool calls and constrained output ------------------------------------------------------------------
+# An enum keeps a random tiny model's forced call short and checkable.
+READ_TOOL = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file of the project",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string", "enum": ["a.py", "b.py"]}},
+                   "required": ["path"], "additionalProperties": False}}}
+LINES_TOOL = {"type": "function", "function": {
+    "name": "count_lines", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+TOOL_QUESTION = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix a.py"}]
+FORCE_READ = {"type": "function", "function": {"name": "read_file"}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "lang": {"enum": ["py", "rs"]}},
+          "required": ["ok", "lang"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def tools_server(make_tiny_model):
+    """The tiny pair with Qwen2.5's tool-calling template (hermes syntax)."""
+    target = make_tiny_model("tools-target", seed=0, logit_scale=8.0, chat_template=QWEN_TOOLS_TEMPLATE)
+    draft = make_tiny_model("tools-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
+                            chat_template=QWEN_TOOLS_TEMPLATE)
+    # The tool listing alone is ~650 tokens in the tiny byte-level vocabulary.
+    with serving(open_worker(target, draft, n_ctx=2048)) as server:
+        yield server
+
+
+def call_tools(server: LocalServer, history: list[dict], **options) -> openai.types.chat.ChatCompletion:
+    options = {"max_tokens": 120, "temperature": 0, "tools": [READ_TOOL, LINES_TOOL], **options}
+    return client(server).chat.completions.create(model="tiny", messages=history, **options)
+
+
+def test_a_forced_call_is_valid_and_streams_as_openai_deltas(tools_server):
+    whole = call_tools(tools_server, TOOL_QUESTION, tool_choice=FORCE_READ)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "read_file" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments)["path"] in ("a.py", "b.py")
+    # Forced tokens (the wrapper, the name, the keys) are drafted by the grammar and all accepted.
+    by_method = whole.model_extra["timings"]["by_method"]
+    assert by_method["grammar"]["drafted"] == by_method["grammar"]["accepted"] > 10
+
+    options = dict(model="tiny", messages=TOOL_QUESTION, tools=[READ_TOOL, LINES_TOOL], tool_choice=FORCE_READ,
+                   max_tokens=120, temperature=0)
+    with client(tools_server).chat.completions.stream(**options) as stream:  # the SDK's own assembler
+        chunks = [event.chunk for event in stream if event.type == "chunk"]
+        final = stream.get_final_completion()
+    [streamed] = final.choices[0].message.tool_calls
+    assert streamed.function.name == "read_file" and streamed.function.arguments == call.function.arguments
+    assert final.choices[0].finish_reason == "tool_calls"
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0].id and deltas[0].function.name == "read_file" and deltas[0].index == 0
+    assert all(d.id is None and d.function.name is None and d.index == 0 for d in deltas[1:])
+
+
+def test_required_lets_the_model_pick_among_the_tools_and_parallel_calls_are_honoured(tools_server):
+    single = call_tools(tools_server, TOOL_QUESTION, tool_choice="required", parallel_tool_calls=False)
+    assert single.choices[0].finish_reason == "tool_calls" and len(single.choices[0].message.tool_calls) == 1
+    for call in single.choices[0].message.tool_calls:
+        assert call.function.name in ("read_file", "count_lines")
+        json.loads(call.function.arguments)
+
+
+def test_a_three_step_tool_loop(tools_server):
+    history = list(TOOL_QUESTION)
+    first = call_tools(tools_server, history, tool_choice=FORCE_READ)
+    [call] = first.choices[0].message.tool_calls
+    history += [first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "print('hello')"}]
+    second = call_tools(tools_server, history, tool_choice=FORCE_READ)
+    [again] = second.choices[0].message.tool_calls
+    history += [second.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": again.id, "content": "x = 1"}]
+    answer = call_tools(tools_server, history, max_tokens=8)
+    assert answer.choices[0].finish_reason == "length" and answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].message.content
+    # Each turn resends the conversation; the server evaluates only what its cache lacks.
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert answer.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens
+
+
+def test_tools_reach_the_template_and_none_keeps_them_out(tools_server):
+    with_tools = call_tools(tools_server, TOOL_QUESTION, max_tokens=1)
+    without = call_tools(tools_server, TOOL_QUESTION, max_tokens=1, tool_choice="none")
+    assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens + 100
+
+
+def test_json_schema_and_json_object_answers_parse(tools_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}
+    answer = client(tools_server).chat.completions.create(model="tiny", messages=TOOL_QUESTION, max_tokens=60,
+                                                          temperature=0, response_format=fmt)
+    value = json.loads(answer.choices[0].message.content)
+    assert set(value) == {"ok", "lang"} and isinstance(value["ok"], bool) and value["lang"] in ("py", "rs")
+    assert answer.choices[0].finish_reason == "stop"
+    sampled = client(tools_server).chat.completions.create(
+        model="tiny", messages=TOOL_QUESTION, max_tokens=60, temperature=1.0, seed=3,
+        response_format={"type": "json_object"})
+    assert isinstance(json.loads(sampled.choices[0].message.content), dict)
+
+
 # -- bad input ---------------------------------------------------------------------------------------
 def chat_body(**fields) -> dict:
     return {"model": "tiny", "messages": messages(), "max_tokens": 4, **fields}
@@ -288,7 +387,29 @@ BAD_REQUESTS = [
     ("messages not a list", chat_body(messages="hi"), 400, "missing_messages"),
     ("message not an object", chat_body(messages=["hi"]), 400, "invalid_value"),
     ("unknown role", chat_body(messages=[{"role": "wizard", "content": "hi"}]), 400, "invalid_role"),
-    ("tool role", chat_body(messages=[{"role": "tool", "content": "hi"}]), 400, "invalid_role"),
+    ("tool result without a call id", chat_body(messages=[{"role": "tool", "content": "hi"}]), 400, "invalid_value"),
+    ("tool result for an unknown call", chat_body(messages=[
+        {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_x", "content": "42"}]),
+     400, "unknown_tool_call_id"),
+    ("tool call arguments not an object", chat_body(messages=[
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]), 400, "invalid_value"),
+    ("tool not a function", chat_body(tools=[{"type": "retrieval"}]), 400, "invalid_tools"),
+    ("tool name with a space", chat_body(tools=[{"type": "function", "function": {"name": "read file"}}]),
+     400, "invalid_tools"),
+    ("tool parameters not an object schema", chat_body(tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]), 400, "invalid_tools"),
+    ("tool_choice names an unknown tool", chat_body(tools=[READ_TOOL], tool_choice={
+        "type": "function", "function": {"name": "write_file"}}), 400, "invalid_tool_choice"),
+    ("tool_choice required without tools", chat_body(tool_choice="required"), 400, "invalid_tool_choice"),
+    ("tool_choice unknown", chat_body(tools=[READ_TOOL], tool_choice="always"), 400, "invalid_tool_choice"),
+    ("functions", chat_body(functions=[{"name": "f"}]), 400, "unsupported_parameter"),
+    ("response_format unknown", chat_body(response_format={"type": "xml"}), 400, "invalid_response_format"),
+    ("json_schema without a schema", chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+     400, "invalid_response_format"),
+    ("a schema the grammar converter cannot build", chat_body(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/nope"}}}),
+     400, "invalid_schema"),
     ("content a number", chat_body(messages=[{"role": "user", "content": 5}]), 400, "invalid_value"),
     ("image part", chat_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
      400, "invalid_value"),
@@ -300,7 +421,6 @@ BAD_REQUESTS = [
     ("stream a string", chat_body(stream="yes"), 400, "invalid_value"),
     ("stop a number", chat_body(stop=7), 400, "invalid_value"),
     ("n > 1", chat_body(n=2), 400, "invalid_value"),
-    ("tools", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
     ("penalty", chat_body(presence_penalty=1.0), 400, "unsupported_parameter"),
     ("logprobs", chat_body(logprobs=True), 400, "unsupported_parameter"),
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from localspec.engine.proposers import Draft, DraftModelProposer
 from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, UsageError
+
+if TYPE_CHECKING:  # llguidance loads only for generations that use a grammar
+    from localspec.engine.constraints import GrammarConstraint
 
 # Matching suffixes up to 8 tokens tells a copy in progress (long matches) from chance (short ones).
 LOOKUP_MAX_NGRAM = 8
@@ -76,6 +80,7 @@ class SpeculativeDecoder:
         if pass_costs is not None:
             self.controller.remember(pass_costs.load())
         self.stats = GenerationStats()
+        self.constraint: GrammarConstraint | None = None  # the running generation's grammar, if any
 
     def _sync_lookup(self, context: Sequence[int]) -> None:
         """Make the lookup history equal ``context``, keeping the index of the common prefix."""
@@ -92,10 +97,12 @@ class SpeculativeDecoder:
         max_tokens: int,
         sampling: SamplingParams = SamplingParams(),
         prefill_progress: Callable[[int, int], None] | None = None,
+        constraint: GrammarConstraint | None = None,
     ) -> Iterator[Step]:
         """Yield the rounds of one generation continuing ``prompt`` (the full context, token ids).
 
         The common prefix with what the target's KV cache already holds is not evaluated again.
+        ``constraint``: a grammar every emitted token must follow (see constraints.py).
         """
         if not prompt:
             raise UsageError("empty prompt: give some text to continue")
@@ -120,7 +127,10 @@ class SpeculativeDecoder:
             self.controller.record_pass(*target.large_eval)
 
         context = list(prompt)
+        self.constraint = constraint
         try:
+            if constraint is not None:
+                constraint.restrict(logits[None, :])
             token = int(np.argmax(logits)) if sampling.greedy else sample(probabilities(logits, sampling), rng)
             stats.record_round("none", 0, 0)  # the prefill pass produced the first token
             step = self._emit(context, Step([token], ["target"], "none", 0, 0), max_tokens)
@@ -139,6 +149,7 @@ class SpeculativeDecoder:
             if self.pass_costs is not None:
                 self.pass_costs.save(self.controller.relative_costs())
             stats.draft_status = self.controller.draft_status()
+            self.constraint = None
 
     def _round(
         self, context: list[int], max_tokens: int, sampling: SamplingParams, rng: np.random.Generator
@@ -149,8 +160,9 @@ class SpeculativeDecoder:
         if room < 0:
             stats.stop_reason = "context_full"
             return None
+        forced = self.constraint.forced() if self.constraint is not None and controller.method != "none" else []
         lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
-        plan: Plan = controller.plan(
+        plan: Plan = Plan("grammar", len(forced), len(forced), 0.0) if forced else controller.plan(
             lookup_available=len(lookup_tokens),
             lookup_match_len=self.lookup.last_match_len,
             draft_catch_up=lambda: self.draft.catch_up(context),
@@ -159,7 +171,9 @@ class SpeculativeDecoder:
         )
         k = max(0, min(plan.k, room, max_tokens - stats.generated_tokens - 1))
         draft_s = 0.0
-        if plan.method == "lookup" and k:
+        if plan.method == "grammar" and k:
+            draft = Draft(forced[:k], None, "grammar")  # tokens the grammar forces: drafted for free
+        elif plan.method == "lookup" and k:
             draft = Draft(lookup_tokens[:k], None, "lookup")
         elif plan.method == "draft" and k:
             t = perf_counter()
@@ -174,6 +188,8 @@ class SpeculativeDecoder:
         logits = target.eval(batch, n_logits=len(batch))
         verify_s = perf_counter() - t
         controller.record_pass(len(batch), verify_s)
+        if self.constraint is not None:
+            self.constraint.restrict(logits, draft.tokens)
         if sampling.greedy:
             accepted, token = verify_greedy(draft.tokens, logits.argmax(axis=1))
         else:
@@ -182,7 +198,8 @@ class SpeculativeDecoder:
 
         drafted = len(draft.tokens)
         method = draft.source if drafted else "none"
-        controller.record_round(method, self.lookup.last_match_len, drafted, accepted)
+        if method != "grammar":  # forced drafts say nothing about how well lookup or the draft model guess
+            controller.record_round(method, self.lookup.last_match_len, drafted, accepted)
         stats.record_round(method, drafted, accepted)
         stats.draft_s += draft_s
         stats.verify_s += verify_s
@@ -209,5 +226,7 @@ class SpeculativeDecoder:
             stats.stop_reason = stats.stop_reason or "length"
         context.extend(step.tokens)
         self.lookup.extend(step.tokens)
+        if self.constraint is not None:
+            self.constraint.advance(step.tokens)
         stats.generated_tokens += len(step.tokens)
         return step

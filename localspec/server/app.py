@@ -27,6 +27,10 @@ from starlette.routing import Route
 from localspec.server import schema
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
+from localspec.tool_calls import CallDelta
+
+# What a job emits while it answers (the rest are Finished or Failed).
+ANSWER_EVENTS = (Piece, CallDelta)
 
 # Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -74,12 +78,14 @@ def make_app(
     async def chat_completions(request: Request) -> Response:
         authorize(request)
         generation = schema.parse_chat_request(await _read_json(request, max_body_bytes))
-        return await _answer(request, worker, generation, schema.ChatFormat(model_name))
+        return await _answer(request, worker, generation,
+                             schema.ChatFormat(model_name, include_usage=generation.include_usage))
 
     async def completions(request: Request) -> Response:
         authorize(request)
         generation = schema.parse_completion_request(await _read_json(request, max_body_bytes))
-        return await _answer(request, worker, generation, schema.CompletionFormat(model_name))
+        return await _answer(request, worker, generation,
+                             schema.CompletionFormat(model_name, include_usage=generation.include_usage))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -147,9 +153,9 @@ async def _read_json(request: Request, limit: int) -> object:
 
 
 # -- answering -------------------------------------------------------------------------------------
-async def _answer(
-    request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt: schema.ResponseFormat
-) -> Response:
+async def _answer(request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt) -> Response:
+    """Queue ``generation`` and answer it in ``fmt``, the API's format (``response`` for a whole answer;
+    ``stream_start``, ``stream_event``, ``stream_end`` and ``stream_error`` give (event name, payload) pairs)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -169,20 +175,20 @@ async def _answer(
         if isinstance(first, Failed):
             raise first.error
         if not generation.stream:
-            pieces, event = [], first
-            while isinstance(event, Piece):
-                pieces.append(event.text)
+            answer, event = [], first
+            while isinstance(event, ANSWER_EVENTS):
+                answer.append(event)
                 event = await _next(events, gone, job)
             if isinstance(event, Failed):
                 raise event.error
             if event is not None:
-                return JSONResponse(fmt.response("".join(pieces), event.stats, event.method))
+                return JSONResponse(fmt.response(answer, event))
         if first is None or not generation.stream:
             return Response(status_code=204)  # the client has gone; nothing is sent
     finally:
         gone.cancel()
     # From here on the StreamingResponse watches for the disconnect and cancels the stream.
-    return StreamingResponse(_sse(fmt, generation, first, events, job), media_type="text/event-stream",
+    return StreamingResponse(_sse(fmt, first, events, job), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -204,22 +210,24 @@ async def _next(events: asyncio.Queue, gone: asyncio.Future, job: Job) -> Event 
     return getting.result() if answered else None
 
 
-async def _sse(fmt: schema.ResponseFormat, generation: GenerationRequest, first: Event, events: asyncio.Queue, job: Job):
-    def data(payload: dict) -> str:
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+async def _sse(fmt, first: Event, events: asyncio.Queue, job: Job):
+    def sse(messages: list) -> str:
+        # Anthropic and the Responses API name each event; OpenAI's chat streams do not.
+        return "".join((f"event: {name}\n" if name else "") + f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+                       for name, payload in messages)
 
     try:
-        yield data(fmt.chunk(None, opening=True, with_usage=generation.include_usage))
+        yield sse(fmt.stream_start())
         event = first
-        while isinstance(event, Piece):
-            yield data(fmt.chunk(event.text, with_usage=generation.include_usage))
+        while isinstance(event, ANSWER_EVENTS):
+            yield sse(fmt.stream_event(event))
             event = await events.get()
         if isinstance(event, Failed):
-            yield data(event.error.body())
+            yield sse([fmt.stream_error(event.error)])
             return
-        for payload in fmt.closing_chunks(event.stats, event.method, with_usage=generation.include_usage):
-            yield data(payload)
-        yield "data: [DONE]\n\n"
+        yield sse(fmt.stream_end(event))
+        if fmt.done_marker:
+            yield "data: [DONE]\n\n"
     finally:
         job.cancel()  # a no-op once finished; stops the generation when the client has gone
 

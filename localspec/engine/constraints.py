@@ -1,0 +1,100 @@
+"""Grammar-constrained decoding with llguidance: the token masks verification applies, and forced tokens.
+
+Speculation stays lossless with respect to the constrained distribution: row i of a verification is
+masked exactly as the target alone would mask it after the context plus the first i drafted tokens, so
+the acceptance rule compares drafts against the distribution target-alone constrained decoding samples
+from. A draft token the grammar refuses has probability 0 there and is rejected like any other.
+
+Tokens the grammar forces (a key, a closing brace, a function's name) are drafted for free: the target
+still verifies them, so a forced token that the target's own tokenization would not choose costs one
+rejected draft position, never a different answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+
+import llguidance
+import llguidance.llamacpp
+import numpy as np
+
+from localspec.engine.backend import LlamaModel
+from localspec.errors import GrammarError
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model: LlamaModel) -> llguidance.LLTokenizer:
+    # About a second for a 150k-token vocabulary, so built once per model.
+    return llguidance.llamacpp.lltokenizer_from_vocab(model.vocab_handle)
+
+
+def compact_json(schema: dict) -> str:
+    """``schema`` as llguidance's ``%json`` takes it, asking for compact JSON (", " and ": " separators,
+    no free whitespace): a model cannot wander into whitespace, and the separators become forced tokens."""
+    return json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
+
+
+def json_schema_grammar(schema: dict) -> str:
+    """A Lark grammar (llguidance's dialect) for one JSON value valid against ``schema``."""
+    return f"start: %json {compact_json(schema)}"
+
+
+def special_token_forms(model: LlamaModel, texts: Sequence[str]) -> dict[str, str]:
+    """Of ``texts``, those that are one special token of ``model``, mapped to llguidance's ``<[id]>`` form."""
+    tokenizer = _tokenizer(model)
+    forms = {}
+    for text in texts:
+        ids = model.tokenize(text, add_bos=False, special=True)
+        if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+            forms[text] = f"<[{ids[0]}]>"
+    return forms
+
+
+class GrammarConstraint:
+    """The grammar state of one generation: masks logits rows and follows the emitted tokens.
+
+    Raises:
+        GrammarError: the grammar (or a JSON schema in it) cannot be built; the message says why.
+    """
+
+    def __init__(self, model: LlamaModel, grammar: str) -> None:
+        self._tokenizer = _tokenizer(model)
+        self._matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if self._matcher.is_error():
+            # llguidance's message is "at LINE(COL): what failed" plus the grammar line and a caret.
+            reason = self._matcher.get_error().splitlines()[0].partition(": ")[2]
+            raise GrammarError(f"the output grammar cannot be built: {reason}; fix or simplify the JSON schema")
+        self._n_vocab = model.n_vocab
+        self._bits = np.zeros((1, (self._tokenizer.vocab_size + 31) // 32), dtype=np.int32)
+
+    def allowed(self) -> np.ndarray:
+        """A boolean (n_vocab,) mask of the tokens the grammar allows next."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._n_vocab].astype(bool)
+
+    def restrict(self, logits: np.ndarray, draft: Sequence[int] = ()) -> None:
+        """Mask ``logits`` in place: row i as after the tokens so far plus ``draft[:i]``.
+
+        Rows after the first draft token the grammar refuses are left alone: verification stops there.
+        """
+        consumed = 0
+        for i in range(len(draft) + 1):
+            allowed = self.allowed()
+            logits[i, ~allowed] = -np.inf
+            if i == len(draft) or not allowed[draft[i]]:
+                break
+            self._matcher.consume_token(draft[i])
+            consumed += 1
+        if consumed:
+            self._matcher.rollback(consumed)
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Follow the tokens emitted (each was allowed by the mask its row got)."""
+        for token in tokens:
+            self._matcher.consume_token(token)
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar allows no alternative to, next (often none)."""
+        return self._matcher.compute_ff_tokens()
