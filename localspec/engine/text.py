@@ -15,6 +15,7 @@ class TextPiece:
     text: str
     source: str  # "target", "draft" or "lookup": where the token(s) behind this text came from
     step: Step  # the round it belongs to, for live figures
+    stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 
 
 def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
@@ -32,10 +33,10 @@ def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str]
         for step in iterator:
             for token, source in zip(step.tokens, step.sources):
                 held += decoder.decode(model.token_bytes(token))
-                cut = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    if cut:
-                        yield TextPiece(held[:cut], source, step)
+                found = [(i, s) for s in stop if (i := held.find(s)) >= 0]
+                if found:
+                    cut, matched = min(found)
+                    yield TextPiece(held[:cut], source, step, stop=matched)
                     return  # the finally below closes the decoder's generator
                 safe = len(held) - max(longest_stop - 1, 0)
                 if safe > 0:

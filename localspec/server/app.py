@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localspec.server import schema
+from localspec.server import anthropic, schema
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
 from localspec.tool_calls import CallDelta
@@ -52,7 +52,8 @@ def make_app(
 
     Args:
         model_name: the id listed by /v1/models and echoed in responses (any requested name is accepted).
-        api_key: when set, every /v1 request needs ``Authorization: Bearer <api_key>``.
+        api_key: when set, every /v1 request needs ``Authorization: Bearer <api_key>`` (or, as Anthropic's
+            clients send it, ``x-api-key: <api_key>``).
         cors_origin: the one browser origin allowed to call the API; no CORS headers without it.
     """
     expected_key = api_key.encode() if api_key else None
@@ -61,10 +62,12 @@ def make_app(
         if expected_key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            given = request.headers.get("x-api-key", "")
         # Constant-time comparison, so response timing does not reveal how much of a guess was right.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected_key):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
-                                "the server was started with", code="invalid_api_key")
+        if not hmac.compare_digest(given.strip().encode(), expected_key):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                                "with the key the server was started with", code="invalid_api_key")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "busy": worker.busy, "queued": worker.queued})
@@ -87,6 +90,17 @@ def make_app(
         return await _answer(request, worker, generation,
                              schema.CompletionFormat(model_name, include_usage=generation.include_usage))
 
+    async def messages(request: Request) -> Response:
+        authorize(request)
+        generation = anthropic.parse_messages_request(await _read_json(request, max_body_bytes))
+        return await _answer(request, worker, generation, anthropic.MessagesFormat(model_name))
+
+    async def count_tokens(request: Request) -> Response:
+        authorize(request)
+        generation = anthropic.parse_messages_request(await _read_json(request, max_body_bytes), count_only=True)
+        tokens = await asyncio.to_thread(worker.count_tokens, generation)
+        return JSONResponse(anthropic.count_tokens_body(tokens))
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         worker.start()
@@ -99,7 +113,7 @@ def make_app(
     if cors_origin:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         ))
     return Starlette(
         routes=[
@@ -107,6 +121,8 @@ def make_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         ],
         middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
@@ -115,21 +131,27 @@ def make_app(
 
 
 # -- errors ----------------------------------------------------------------------------------------
+def _error_response(request: Request, error: APIError) -> Response:
+    """``error`` in the shape of the API that was asked: Anthropic's under /v1/messages, else OpenAI's."""
+    anthropic_api = request.url.path.startswith("/v1/messages")
+    return JSONResponse(error.anthropic_body() if anthropic_api else error.body(), status_code=error.status)
+
+
 async def _api_error(request: Request, exc: APIError) -> Response:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return _error_response(request, exc)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    # Starlette's own 404 / 405, in OpenAI's shape.
+    # Starlette's own 404 / 405, in the API's shape.
     message = f"{request.method} {request.url.path}: {exc.detail}"
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return JSONResponse(APIError(exc.status_code, message, code=code).body(), status_code=exc.status_code)
+    return _error_response(request, APIError(exc.status_code, message, code=code))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.error("request failed: %s: %s", type(exc).__name__, exc)
     error = APIError(500, f"internal error ({type(exc).__name__}); see the server log", type="server_error")
-    return JSONResponse(error.body(), status_code=500)
+    return _error_response(request, error)
 
 
 async def _read_json(request: Request, limit: int) -> object:

@@ -86,18 +86,18 @@ class GenerationRequest:
 
 # -- parsing ---------------------------------------------------------------------------------------
 def parse_chat_request(body: object) -> GenerationRequest:
-    body = _object(body)
+    body = object_body(body)
     _refuse_unsupported(body, chat=True)
     if "messages" not in body:
         raise invalid("'messages' is required: send a list of {\"role\", \"content\"} objects", "missing_messages")
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "missing_messages")
-    tools = [_openai_tool(t, f"tools[{i}]") for i, t in enumerate(_list(body, "tools"))]
+    tools = [_openai_tool(t, f"tools[{i}]") for i, t in enumerate(list_field(body, "tools"))]
     choice, name = _openai_tool_choice(body.get("tool_choice"))
     return chat_request(
         [_message(m, i) for i, m in enumerate(messages)], tools=tools, tool_choice=choice, tool_name=name,
-        parallel_tool_calls=_boolean(body, "parallel_tool_calls") is not False,
+        parallel_tool_calls=boolean(body, "parallel_tool_calls") is not False,
         json_schema=_response_format(body.get("response_format")), **_common(body),
     )
 
@@ -202,7 +202,7 @@ def _response_format(fmt: object) -> dict | None:
                   "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}", "invalid_response_format")
 
 
-def _list(body: dict, name: str) -> list:
+def list_field(body: dict, name: str) -> list:
     value = body.get(name)
     if value is None:
         return []
@@ -212,7 +212,7 @@ def _list(body: dict, name: str) -> list:
 
 
 def parse_completion_request(body: object) -> GenerationRequest:
-    body = _object(body)
+    body = object_body(body)
     _refuse_unsupported(body, chat=False)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -222,21 +222,21 @@ def parse_completion_request(body: object) -> GenerationRequest:
     return GenerationRequest(prompt=prompt, **_common(body))
 
 
-def _object(body: object) -> dict:
+def object_body(body: object) -> dict:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", "invalid_json")
     return body
 
 
 def _refuse_unsupported(body: dict, *, chat: bool) -> None:
-    n = _integer(body, "n", minimum=1)
+    n = integer(body, "n", minimum=1)
     if n is not None and n > 1:
         raise invalid("'n' > 1 is not supported: localspec generates one choice per request; send n=1")
     if body.get("functions") or body.get("function_call"):
         raise invalid("the deprecated 'functions' and 'function_call' are not supported; send 'tools' and "
                       "'tool_choice' instead", "unsupported_parameter")
     for name in ("frequency_penalty", "presence_penalty"):
-        if _number(body, name, -2.0, 2.0):
+        if number(body, name, -2.0, 2.0):
             raise invalid(f"'{name}' is not supported: leave it out or send 0", "unsupported_parameter")
     if body.get("logit_bias"):
         raise invalid("'logit_bias' is not supported: leave it out", "unsupported_parameter")
@@ -245,7 +245,7 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     if not chat:
         if body.get("echo") or body.get("suffix"):
             raise invalid("'echo' and 'suffix' are not supported: leave them out", "unsupported_parameter")
-        best_of = _integer(body, "best_of", minimum=1)
+        best_of = integer(body, "best_of", minimum=1)
         if best_of is not None and best_of > 1:
             raise invalid("'best_of' > 1 is not supported: send best_of=1", "unsupported_parameter")
 
@@ -295,42 +295,42 @@ def _content(content: object, where: str) -> str:
 
 
 def _common(body: dict) -> dict:
-    max_tokens = _integer(body, "max_completion_tokens", minimum=1)
+    max_tokens = integer(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", minimum=1)
-    stream = _boolean(body, "stream") or False
+        max_tokens = integer(body, "max_tokens", minimum=1)
+    stream = boolean(body, "stream") or False
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("'stream_options' must be an object such as {\"include_usage\": true}")
-    include_usage = _boolean(options or {}, "include_usage", "stream_options.include_usage") or False
+    include_usage = boolean(options or {}, "include_usage", "stream_options.include_usage") or False
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid("'model' must be a string")
     return dict(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 0.0, 1.0),
-        top_k=_integer(body, "top_k", minimum=0),
-        min_p=_number(body, "min_p", 0.0, 1.0),
-        seed=_integer(body, "seed", minimum=0),
-        stop=_stop(body.get("stop")),
+        temperature=number(body, "temperature", 0.0, 2.0),
+        top_p=number(body, "top_p", 0.0, 1.0),
+        top_k=integer(body, "top_k", minimum=0),
+        min_p=number(body, "min_p", 0.0, 1.0),
+        seed=integer(body, "seed", minimum=0),
+        stop=stop_strings(body.get("stop")),
         stream=stream,
         include_usage=stream and include_usage,
     )
 
 
-def _stop(stop: object) -> tuple[str, ...]:
+def stop_strings(stop: object, name: str = "stop") -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
         stop = [stop]
     if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
             or not all(isinstance(s, str) and s for s in stop)):
-        raise invalid(f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} non-empty strings")
+        raise invalid(f"'{name}' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} non-empty strings")
     return tuple(stop)
 
 
-def _number(body: dict, name: str, low: float, high: float) -> float | None:
+def number(body: dict, name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
@@ -340,7 +340,7 @@ def _number(body: dict, name: str, low: float, high: float) -> float | None:
     return float(value)
 
 
-def _integer(body: dict, name: str, *, minimum: int | None = None) -> int | None:
+def integer(body: dict, name: str, *, minimum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -351,7 +351,7 @@ def _integer(body: dict, name: str, *, minimum: int | None = None) -> int | None
     return value
 
 
-def _boolean(body: dict, name: str, label: str | None = None) -> bool | None:
+def boolean(body: dict, name: str, label: str | None = None) -> bool | None:
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
         raise invalid(f"'{label or name}' must be true or false")

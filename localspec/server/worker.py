@@ -44,6 +44,7 @@ class Finished:
     stats: GenerationStats
     method: str  # the configured speculation method (per-round methods are in stats)
     called: bool = False  # the answer called tools (OpenAI's finish_reason "tool_calls")
+    stop: str | None = None  # the stop string that ended the answer, if one did
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,10 @@ class GenerationWorker:
             finally:
                 self._current = None
 
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
+        return len(self._prompt(request, request.tools if request.tool_choice != "none" else []))
+
     def _prompt(self, request: GenerationRequest, tools: list[dict]) -> list[int]:
         if request.messages is None:
             return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
@@ -240,14 +245,17 @@ class GenerationWorker:
             for delta in deltas:
                 job.emit(Piece(delta.text) if isinstance(delta, TextDelta) else delta)
 
+        stop = None
         with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
             for piece in pieces:
                 if job.cancelled:
                     return
-                emit(parser.feed(piece.text) if parser else [TextDelta(piece.text)])
+                stop = piece.stop
+                if piece.text:
+                    emit(parser.feed(piece.text) if parser else [TextDelta(piece.text)])
         if parser:
             emit(parser.finish())
         stats = decoder.stats
-        job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls)))
+        job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
         log.info("%s | %d prompt tokens (%d reused) | %s", request.api, stats.prompt_tokens,
                  stats.prompt_tokens - stats.prefill_tokens, summary_line(stats))
