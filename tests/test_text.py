@@ -1,4 +1,5 @@
-"""Tokens to text: the stream ends just before the first stop string and emits no empty pieces."""
+"""Tokens to text: the stream ends just before the first stop string, and names it on its last piece
+(the only piece that may be empty)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,5 @@ def test_output_ends_before_the_first_stop_string(tiny_target):
     cut_pieces, decoder = _pieces(tiny_target, stop=(stop, "never-in-the-output"))
     assert "".join(p.text for p in cut_pieces) == full[: full.index(stop)]
     assert decoder.stats.generated_tokens < 40  # the decoder was stopped, not run to the token budget
+    assert cut_pieces[-1].stop == stop and all(p.stop is None and p.text for p in cut_pieces[:-1])
+    assert all(p.stop is None for p in pieces)
