@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localspec.server import anthropic, schema
+from localspec.server import anthropic, responses, schema
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
 from localspec.tool_calls import CallDelta
@@ -101,6 +101,11 @@ def make_app(
         tokens = await asyncio.to_thread(worker.count_tokens, generation)
         return JSONResponse(anthropic.count_tokens_body(tokens))
 
+    async def responses_api(request: Request) -> Response:
+        authorize(request)
+        generation = responses.parse_responses_request(await _read_json(request, max_body_bytes))
+        return await _answer(request, worker, generation, responses.ResponsesFormat(model_name, generation))
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         worker.start()
@@ -123,6 +128,7 @@ def make_app(
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/responses", responses_api, methods=["POST"]),
         ],
         middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},

@@ -219,7 +219,7 @@ def parse_completion_request(body: object) -> GenerationRequest:
         prompt = prompt[0]  # the openai client sends a one-element list for a single prompt
     if not isinstance(prompt, str) or not prompt:
         raise invalid("'prompt' must be a non-empty string (one prompt per request; token ids are not accepted)")
-    return GenerationRequest(prompt=prompt, **_common(body))
+    return GenerationRequest(prompt=prompt, api="completions", **_common(body))
 
 
 def object_body(body: object) -> dict:
