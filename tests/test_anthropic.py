@@ -141,3 +141,23 @@ def test_a_stream_refused_before_its_first_token_is_a_plain_anthropic_400(tools_
     response = httpx.post(tools_server.base_url + "/messages", json=body, timeout=TIMEOUT_S)
     assert response.status_code == 400 and response.headers["content-type"] == "application/json"
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.real
+def test_real_pair_tool_loop(qwen_pair):
+    from tests.test_server import EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S
+
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in EDIT_TOOLS]
+    target, draft = qwen_pair
+    with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
+        history = [{"role": "user", "content": REAL_TASK}]
+        first = create(server, history, system=anthropic.NOT_GIVEN, tools=tools, tool_choice={"type": "any"},
+                       max_tokens=200, timeout=REAL_TIMEOUT_S)
+        [use] = [b for b in first.content if b.type == "tool_use"]
+        assert first.stop_reason == "tool_use" and use.name == "read_file" and "main.py" in use.input["path"]
+        history += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": REAL_FILE}]}]
+        answer = create(server, history, system=anthropic.NOT_GIVEN, tools=tools, max_tokens=200,
+                        timeout=REAL_TIMEOUT_S)
+    assert answer.stop_reason == "end_turn" and "add" in answer.content[0].text

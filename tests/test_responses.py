@@ -104,3 +104,22 @@ def test_bad_input_gets_an_openai_error(tools_server, name, request_body, code):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == code and "\n" not in error["message"] and "Traceback" not in error["message"]
+
+
+@pytest.mark.real
+def test_real_pair_tool_loop(qwen_pair):
+    from tests.test_server import EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S, open_worker, serving
+
+    tools = [{"type": "function", **t["function"]} for t in EDIT_TOOLS]
+    target, draft = qwen_pair
+    with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
+        items = [{"role": "user", "content": REAL_TASK}]
+        first = client(server).responses.create(model="x", input=items, tools=tools, tool_choice="required",
+                                                 max_output_tokens=200, temperature=0, timeout=REAL_TIMEOUT_S)
+        [call] = [o for o in first.output if o.type == "function_call"]
+        assert call.name == "read_file" and "main.py" in json.loads(call.arguments)["path"]
+        items += [call.model_dump(exclude_none=True),
+                  {"type": "function_call_output", "call_id": call.call_id, "output": REAL_FILE}]
+        answer = client(server).responses.create(model="x", input=items, tools=tools, max_output_tokens=200,
+                                                  temperature=0, timeout=REAL_TIMEOUT_S)
+    assert answer.status == "completed" and "add" in answer.output_text

@@ -541,3 +541,87 @@ def test_real_pair_stream_whole_and_run_agree(qwen_pair):
     assert whole.choices[0].message.content == streamed == expected == again.choices[0].message.content
     assert TIMINGS <= chunks[-1].model_extra["timings"].keys()
     assert second.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens
+
+
+# On the real pair: every forced call and every schema answer parses and follows its schema.
+EDIT_TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file of the project",
+                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                     "required": ["path"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "run_command", "description": "Run a shell command",
+                                      "parameters": {"type": "object", "properties": {
+                                          "command": {"type": "string"}, "timeout_s": {"type": "integer"}},
+                                          "required": ["command"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "replace_in_file", "description": "Replace text in a file",
+                                      "parameters": {"type": "object", "properties": {
+                                          "path": {"type": "string"}, "old": {"type": "string"},
+                                          "new": {"type": "string"}},
+                                          "required": ["path", "old", "new"], "additionalProperties": False}}},
+]
+REAL_PROMPTS = [
+    "What is in setup.py?",
+    "Run the test suite with pytest.",
+    "Rename the function foo to bar in utils/strings.py.",
+    "Why does `import numpy` fail on this machine?",
+    "Show me the README.",
+    "Count the lines of Python in src/.",
+    "Fix the typo 'recieve' in docs/api.md.",
+    "Is port 8080 in use?",
+    "Replace print statements with logging in app/main.py.",
+    "Check which version of Python is installed.",
+]
+VERDICT = {"type": "object", "properties": {
+    "summary": {"type": "string"}, "difficulty": {"enum": ["easy", "medium", "hard"]},
+    "files": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    "required": ["summary", "difficulty", "files"], "additionalProperties": False}
+
+
+def follows(value: dict, schema: dict) -> bool:
+    """Enough of JSON schema for the schemas above: required keys, no others, and each property's type."""
+    types = {"string": str, "integer": int, "array": list}
+    properties = schema["properties"]
+    return (isinstance(value, dict) and set(schema["required"]) <= value.keys() <= properties.keys()
+            and all(value[k] in p["enum"] if "enum" in p else isinstance(value[k], types[p["type"]])
+                    for k, p in properties.items() if k in value))
+
+
+@pytest.mark.real
+def test_real_pair_forced_tool_calls_and_json_schemas_are_valid_on_ten_prompts(qwen_pair):
+    target, draft = qwen_pair
+    with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
+        openai_client = client(server)
+        for prompt in REAL_PROMPTS:
+            history = [{"role": "user", "content": prompt}]
+            called = openai_client.chat.completions.create(
+                model="x", messages=history, tools=EDIT_TOOLS, tool_choice="required", max_tokens=300,
+                temperature=0, timeout=REAL_TIMEOUT_S)
+            assert called.choices[0].finish_reason == "tool_calls", prompt
+            schemas = {t["function"]["name"]: t["function"]["parameters"] for t in EDIT_TOOLS}
+            for call in called.choices[0].message.tool_calls:
+                assert follows(json.loads(call.function.arguments), schemas[call.function.name]), (prompt, call)
+            fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT, "strict": True}}
+            judged = openai_client.chat.completions.create(
+                model="x", messages=history, response_format=fmt, max_tokens=300, temperature=0,
+                timeout=REAL_TIMEOUT_S)
+            assert judged.choices[0].finish_reason == "stop", prompt
+            assert follows(json.loads(judged.choices[0].message.content), VERDICT), (prompt, judged)
+
+
+REAL_FILE = "def add(a, b):\n    return a + b\n"
+REAL_TASK = "What does main.py do? Read it, then answer in one sentence."
+
+
+@pytest.mark.real
+def test_real_pair_tool_loop(qwen_pair):
+    target, draft = qwen_pair
+    with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
+        history = [{"role": "user", "content": REAL_TASK}]
+        first = call_tools(server, history, tools=EDIT_TOOLS, tool_choice="required", max_tokens=200,
+                           timeout=REAL_TIMEOUT_S)
+        [call] = first.choices[0].message.tool_calls
+        assert call.function.name == "read_file" and "main.py" in json.loads(call.function.arguments)["path"]
+        history += [first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": call.id, "content": REAL_FILE}]
+        answer = call_tools(server, history, tools=EDIT_TOOLS, max_tokens=200, timeout=REAL_TIMEOUT_S)
+    assert answer.choices[0].finish_reason == "stop" and "add" in answer.choices[0].message.content
+    assert answer.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1

@@ -243,7 +243,10 @@ class GenerationWorker:
 
         def emit(deltas) -> None:
             for delta in deltas:
-                job.emit(Piece(delta.text) if isinstance(delta, TextDelta) else delta)
+                if isinstance(delta, TextDelta):
+                    job.emit(Piece(delta.text))
+                elif delta.index == 0 or request.parallel_tool_calls:  # else only the first call is answered
+                    job.emit(delta)
 
         stop = None
         with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
