@@ -160,7 +160,8 @@ class ToolCallParser:
         self.syntax = syntax
         self.calls = 0
         self._held = ""
-        # "start" (an at_start opener may still come), "text", "call" (inside one) or "between" (calls)
+        # "start" (an at_start opener may still come), "text", "prose" (text that cannot hold a call),
+        # "call" (inside one) or "between" (after a call: only another call may follow)
         self._mode = "start" if syntax.at_start else "text"
         self._named = False  # the open hermes call's id and name have been sent
         self._args_at = 0  # where its arguments begin in the held text
@@ -176,7 +177,7 @@ class ToolCallParser:
         """Deltas for whatever was held back, at the end of the answer."""
         out: list[Delta] = []
         self._advance(out, final=True)
-        if self._held.strip() or (self._mode == "text" and self._held):
+        if self._held.strip():
             out.append(TextDelta(self._held))
         self._held = ""
         return out
@@ -189,16 +190,20 @@ class ToolCallParser:
                     stripped = stripped[len(LLAMA3_PYTHON_TAG):].lstrip()
                 if not final and (not stripped or LLAMA3_PYTHON_TAG.startswith(stripped)):
                     return  # nothing but blanks or part of the tag yet
-                if stripped.startswith(self.syntax.opener):
-                    self._mode, self._held = "call", stripped
-                else:
-                    self._mode = "text"
-                    self.syntax = ToolSyntax(self.syntax.family, opener="")  # answered in text: no call now
+                # An answer that does not start with a call is prose to its end.
+                self._mode = "call" if stripped.startswith(self.syntax.opener) else "prose"
+                if self._mode == "call":
+                    self._held = stripped
+            elif self._mode == "prose":
+                if self._held:
+                    out.append(TextDelta(self._held))
+                    self._held = ""
+                return
             elif self._mode in ("text", "between"):
                 opener = self.syntax.opener
-                at = self._held.find(opener) if opener else -1
+                at = self._held.find(opener)
                 if at < 0:
-                    keep = _partial_suffix(self._held, opener) if opener and not final else 0
+                    keep = 0 if final else _partial_suffix(self._held, opener)
                     if self._mode == "text" and len(self._held) > keep:
                         out.append(TextDelta(self._held[: len(self._held) - keep]))
                         self._held = self._held[len(self._held) - keep:]

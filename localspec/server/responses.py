@@ -112,17 +112,10 @@ def _tool_choice(choice: object) -> tuple[str, str | None]:
 
 
 def _text_format(fmt: object) -> dict | None:
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
-        return fmt["schema"]
-    raise invalid("'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                  "{\"type\": \"json_schema\", \"name\", \"schema\"}", "invalid_response_format")
+    if fmt is not None and not isinstance(fmt, dict):
+        fmt = {"type": fmt}
+    return schema.answer_schema(fmt, (fmt or {}).get("schema"), "text.format",
+                                '{"type": "json_schema", "name", "schema"}')
 
 
 # -- answers ---------------------------------------------------------------------------------------------

@@ -186,20 +186,24 @@ def _openai_tool_choice(choice: object) -> tuple[str, str | None]:
 
 
 def _response_format(fmt: object) -> dict | None:
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is not None and not isinstance(fmt, dict):
+        fmt = {"type": fmt}
+    spec = (fmt or {}).get("json_schema")
+    return answer_schema(fmt, spec.get("schema") if isinstance(spec, dict) else None, "response_format",
+                         '{"type": "json_schema", "json_schema": {"name", "schema"}}')
+
+
+def answer_schema(fmt: dict | None, schema: object, field: str, schema_form: str) -> dict | None:
+    """The JSON schema a response format asks the answer to follow (None for plain text), for every API."""
+    kind = fmt.get("type") if fmt else "text"
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "object"}
-    if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
-        schema = fmt["json_schema"].get("schema")
-        if isinstance(schema, dict):
-            return schema
-        raise invalid("'response_format.json_schema.schema' must be a JSON schema object", "invalid_response_format")
-    raise invalid("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                  "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}", "invalid_response_format")
+    if kind == "json_schema" and isinstance(schema, dict):
+        return schema
+    raise invalid(f"'{field}' must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or {schema_form} "
+                  "with a JSON schema object", "invalid_response_format")
 
 
 def list_field(body: dict, name: str) -> list:
