@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from localspec.engine.constraints import GrammarConstraint, json_schema_grammar
+from localspec.engine.constraints import GrammarConstraint, compact_json, json_schema_grammar
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import GrammarError
 from localspec.session import ModelOptions, Pair, open_decoder
+from localspec.tool_calls import HERMES, call_grammar
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
                                            "tags": {"type": "array", "items": {"enum": ["a", "bb"]}, "maxItems": 3}},
@@ -86,6 +87,27 @@ def test_each_row_is_masked_as_after_the_drafts_before_it(decoders):
     fresh = np.zeros((1, model.n_vocab), dtype=np.float32)
     constraint.restrict(fresh)  # restrict rolled its look-ahead back: still at the start
     assert set(np.flatnonzero(np.isfinite(fresh[0]))) == {x}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_forced_call_grammar_admits_a_second_call_only_when_parallel(decoders, parallel):
+    model = decoders[0].target
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+    constraint = GrammarConstraint(model, call_grammar(HERMES, [tool], parallel=parallel, special={},
+                                                       json_text=compact_json))
+    call = b'<tool_call>\n{"name": "f", "arguments": {"n": 1}}\n</tool_call>'
+    text, spelled = call + b"\n" + call, 0
+    while spelled < len(text):  # spell the text with the longest allowed token each time
+        pieces = {t: model.token_bytes(t) for t in np.flatnonzero(constraint.allowed())}
+        fitting = [t for t, piece in pieces.items() if piece and text.startswith(piece, spelled)]
+        if not fitting:
+            break
+        token = max(fitting, key=lambda t: len(pieces[t]))
+        constraint.advance([token])
+        spelled += len(pieces[token])
+    assert spelled == (len(text) if parallel else len(call))
+    assert constraint.allowed()[model.eos_id]  # after the last call the answer may end
 
 
 def test_a_schema_llguidance_cannot_build_is_one_line_naming_the_fix(decoders):

@@ -331,11 +331,16 @@ def test_a_forced_call_is_valid_and_streams_as_openai_deltas(tools_server):
 
 
 def test_required_lets_the_model_pick_among_the_tools_and_parallel_calls_are_honoured(tools_server):
-    single = call_tools(tools_server, TOOL_QUESTION, tool_choice="required", parallel_tool_calls=False)
-    assert single.choices[0].finish_reason == "tool_calls" and len(single.choices[0].message.tool_calls) == 1
-    for call in single.choices[0].message.tool_calls:
-        assert call.function.name in ("read_file", "count_lines")
-        json.loads(call.function.arguments)
+    counts = {}
+    for parallel in (None, False, True):
+        options = {} if parallel is None else {"parallel_tool_calls": parallel}
+        answer = call_tools(tools_server, TOOL_QUESTION, tool_choice="required", max_tokens=400, **options)
+        assert answer.choices[0].finish_reason == "tool_calls"
+        for call in answer.choices[0].message.tool_calls:
+            assert call.function.name in ("read_file", "count_lines")
+            assert isinstance(json.loads(call.function.arguments), dict)
+        counts[parallel] = len(answer.choices[0].message.tool_calls)
+    assert counts[None] == counts[False] == 1  # one call unless parallel calls are asked for
 
 
 def test_a_three_step_tool_loop(tools_server):

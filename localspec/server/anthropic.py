@@ -111,11 +111,12 @@ def _tool(tool: object, where: str) -> dict:
 
 def _tool_choice(choice: object) -> tuple[str, str | None, bool]:
     if choice is None:
-        return "auto", None, True
+        return "auto", None, False
     if not isinstance(choice, dict) or choice.get("type") not in _CHOICES:
         raise invalid("'tool_choice' must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or "
                       "{\"type\": \"tool\", \"name\": ...}", "invalid_tool_choice")
-    parallel = not choice.get("disable_parallel_tool_use", False)
+    # One call per answer unless parallel use is asked for explicitly (see GenerationRequest).
+    parallel = choice.get("disable_parallel_tool_use") is False
     return _CHOICES[choice["type"]], choice.get("name"), parallel
 
 

@@ -45,7 +45,7 @@ def parse_responses_request(body: object) -> GenerationRequest:
     fmt = text.get("format") if isinstance(text, dict) else None
     return schema.chat_request(
         messages, api="responses", tools=tools, tool_choice=choice, tool_name=name,
-        parallel_tool_calls=schema.boolean(body, "parallel_tool_calls") is not False,
+        parallel_tool_calls=schema.boolean(body, "parallel_tool_calls") or False,
         json_schema=_text_format(fmt),
         max_tokens=schema.integer(body, "max_output_tokens", minimum=1),
         temperature=schema.number(body, "temperature", 0.0, 2.0),

@@ -66,7 +66,8 @@ class GenerationRequest:
     tools: list[dict] = field(default_factory=list)  # [{"type": "function", "function": {name, ...}}]
     tool_choice: str = "auto"  # "auto", "none", "required" or "function" (then tool_name)
     tool_name: str | None = None
-    parallel_tool_calls: bool = True
+    # Off unless asked for, as in llama-server: small models given the choice tend to repeat calls.
+    parallel_tool_calls: bool = False
     json_schema: dict | None = None  # the answer must be JSON valid against it
     max_tokens: int | None = None
     temperature: float | None = None
@@ -97,7 +98,7 @@ def parse_chat_request(body: object) -> GenerationRequest:
     choice, name = _openai_tool_choice(body.get("tool_choice"))
     return chat_request(
         [_message(m, i) for i, m in enumerate(messages)], tools=tools, tool_choice=choice, tool_name=name,
-        parallel_tool_calls=boolean(body, "parallel_tool_calls") is not False,
+        parallel_tool_calls=boolean(body, "parallel_tool_calls") or False,
         json_schema=_response_format(body.get("response_format")), **_common(body),
     )
 
