@@ -3,7 +3,7 @@
 Like llama.cpp's common/chat, one module knows the template families, for the server and the CLI alike:
 
 - ``hermes``: Qwen2.5 / Qwen3 and many fine-tunes, ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
-- ``qwen3-coder``: ``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``;
+- ``qwen3-coder``: ``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>...``;
 - ``llama3``: Llama 3.x answers a call as a bare ``{"name": ..., "parameters": {...}}`` (after an optional
   ``<|python_tag|>``);
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``;

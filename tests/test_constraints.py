@@ -13,7 +13,8 @@ from localspec.errors import GrammarError
 from localspec.session import ModelOptions, Pair, open_decoder
 from localspec.tool_calls import HERMES, call_grammar
 
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99},
                                            "tags": {"type": "array", "items": {"enum": ["a", "bb"]}, "maxItems": 3}},
           "required": ["ok", "n", "tags"], "additionalProperties": False}
 MAX_TOKENS = 80
@@ -68,7 +69,8 @@ def test_sampled_constrained_answers_always_follow_the_schema(decoders):
     _, speculating = decoders
     prompt = speculating.target.tokenize("the code", add_bos=True)
     for seed in range(5):
-        tokens, _ = generate(speculating, prompt, json_schema_grammar(SCHEMA), SamplingParams(temperature=1.0, seed=seed))
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        tokens, _ = generate(speculating, prompt, json_schema_grammar(SCHEMA), sampling)
         value = json.loads(speculating.target.detokenize(tokens))
         assert set(value) == {"ok", "n", "tags"} and set(value["tags"]) <= {"a", "bb"}
 

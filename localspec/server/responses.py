@@ -87,9 +87,10 @@ def _content(content: object, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            text = part.get("text") if isinstance(part, dict) else None
+            if not isinstance(text, str) or part.get("type") not in _TEXT_PARTS:
                 raise invalid(f"{where}.content[{j}]: only text parts (input_text, output_text) are supported")
-            texts.append(part["text"])
+            texts.append(text)
         return "".join(texts)
     raise invalid(f"{where}.content must be a string or a list of text parts")
 

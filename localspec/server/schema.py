@@ -48,8 +48,8 @@ class APIError(Exception):
     def anthropic_body(self) -> dict:
         """Anthropic's error shape, for /v1/messages."""
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}.get(self.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+                413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+        return {"type": "error", "error": {"type": kind.get(self.status, "api_error"), "message": self.message}}
 
 
 def invalid(message: str, code: str = "invalid_value") -> APIError:

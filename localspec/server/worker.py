@@ -184,7 +184,10 @@ class GenerationWorker:
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
-        return len(self._prompt(request, request.tools if request.tool_choice != "none" else []))
+        try:
+            return len(self._prompt(request, request.tools if request.tool_choice != "none" else []))
+        except TemplateError as exc:
+            raise APIError(400, str(exc)) from None
 
     def _prompt(self, request: GenerationRequest, tools: list[dict]) -> list[int]:
         if request.messages is None:
