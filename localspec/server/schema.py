@@ -79,6 +79,11 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
 
+    @property
+    def offered_tools(self) -> list[dict]:
+        """The tools the model is shown: none with tool_choice 'none', which keeps calls out of the answer."""
+        return self.tools if self.tool_choice != "none" else []
+
     def sampling_overrides(self) -> dict:
         fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                   "min_p": self.min_p, "seed": self.seed}

@@ -185,17 +185,17 @@ class GenerationWorker:
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
         try:
-            return len(self._prompt(request, request.tools if request.tool_choice != "none" else []))
+            return len(self._prompt(request))
         except TemplateError as exc:
             raise APIError(400, str(exc)) from None
 
-    def _prompt(self, request: GenerationRequest, tools: list[dict]) -> list[int]:
+    def _prompt(self, request: GenerationRequest) -> list[int]:
         if request.messages is None:
             return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
         if not self.has_chat_template:
             raise APIError(400, f"{self.decoder.target.path.name} has no chat template; "
                                 "send raw text to /v1/completions instead")
-        messages = request.messages
+        messages, tools = request.messages, request.offered_tools
         if self.tool_syntax.generic:
             messages = generic_tool_messages(messages, tools)
         return Conversation(self.decoder).render(messages, tools=None if self.tool_syntax.generic else tools)
@@ -222,8 +222,7 @@ class GenerationWorker:
 
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
-        tools = request.tools if request.tool_choice != "none" else []
-        prompt = self._prompt(request, tools)
+        prompt = self._prompt(request)
         n_ctx = decoder.target.n_ctx
         if len(prompt) >= n_ctx:
             raise APIError(
@@ -242,7 +241,7 @@ class GenerationWorker:
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
                                  prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
-        parser = ToolCallParser(self.tool_syntax) if tools else None
+        parser = ToolCallParser(self.tool_syntax) if request.offered_tools else None
 
         def emit(deltas) -> None:
             for delta in deltas:
