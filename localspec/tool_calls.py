@@ -29,6 +29,10 @@ MISTRAL_OPEN = "[TOOL_CALLS]"
 # A hermes call's head; the arguments start at the first non-blank after it (a lookahead, so a head seen
 # before its arguments have begun to stream is not taken as complete).
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+# A hermes answer may open with a bare or fenced call object (llama.cpp's parser accepts the same);
+# an answer starting with "{" or "`" is held back this many characters at most to tell.
+_BARE_CALL = re.compile(r'(```[A-Za-z]*[ \t]*\n)?\s*\{\s*"name"\s*:')
+_BARE_CALL_LOOKAHEAD = 32
 _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
 GENERIC_INSTRUCTIONS = (
@@ -151,18 +155,23 @@ def collect_calls(deltas: list[Delta]) -> tuple[str, list[ToolCall]]:
 class ToolCallParser:
     """Splits an answer, as it streams, into content and tool calls of one syntax.
 
-    Text that could be the start of the opener is held back until it is known not to be. After the
-    opener everything belongs to calls: a hermes call streams its arguments as they come (all but the
-    wrapper's closing brace), other syntaxes give each call whole when it closes or the answer ends.
+    Text that could be the start of a call is held back until it is known not to be. A hermes call
+    streams its arguments as they come (all but the wrapper's closing brace); other syntaxes give each
+    call whole when it closes or the answer ends. Like llama.cpp, a hermes answer that *starts* with a
+    bare or fenced ``{"name": ...}`` object is a call too (Qwen2.5-Coder answers that way). A call naming
+    none of ``names`` is not a call: its text, wrapper included, is the answer's text.
     """
 
-    def __init__(self, syntax: ToolSyntax) -> None:
+    def __init__(self, syntax: ToolSyntax, names: set[str] | None = None) -> None:
         self.syntax = syntax
+        self.names = names
         self.calls = 0
         self._held = ""
-        # "start" (an at_start opener may still come), "text", "prose" (text that cannot hold a call),
+        # "start" (a call may open the answer), "text", "prose" (text that cannot hold a call),
         # "call" (inside one) or "between" (after a call: only another call may follow)
-        self._mode = "start" if syntax.at_start else "text"
+        self._mode = "start" if syntax.at_start or syntax.family in ("hermes", "generic") else "text"
+        self._entry = ""  # the text that opened the current call, given back if it is not a call
+        self._closer = syntax.closer  # what ends the current call (None: the end of the answer)
         self._named = False  # the open hermes call's id and name have been sent
         self._args_at = 0  # where its arguments begin in the held text
         self._sent = 0  # characters of its arguments already sent
@@ -182,18 +191,15 @@ class ToolCallParser:
         self._held = ""
         return out
 
+    def _enter_call(self, entry_length: int, closer: str | None) -> None:
+        self._entry, self._held = self._held[:entry_length], self._held[entry_length:]
+        self._mode, self._closer = "call", closer
+
     def _advance(self, out: list[Delta], *, final: bool) -> None:
         while True:
             if self._mode == "start":
-                stripped = self._held.lstrip()
-                if stripped.startswith(LLAMA3_PYTHON_TAG):
-                    stripped = stripped[len(LLAMA3_PYTHON_TAG):].lstrip()
-                if not final and (not stripped or LLAMA3_PYTHON_TAG.startswith(stripped)):
-                    return  # nothing but blanks or part of the tag yet
-                # An answer that does not start with a call is prose to its end.
-                self._mode = "call" if stripped.startswith(self.syntax.opener) else "prose"
-                if self._mode == "call":
-                    self._held = stripped
+                if not self._start(final):
+                    return
             elif self._mode == "prose":
                 if self._held:
                     out.append(TextDelta(self._held))
@@ -210,9 +216,11 @@ class ToolCallParser:
                     return
                 if at and self._mode == "text":
                     out.append(TextDelta(self._held[:at]))
-                self._held, self._mode = self._held[at + len(opener):], "call"
+                    self._held = self._held[at:]
+                    at = 0
+                self._enter_call(at + len(opener), self.syntax.closer)
             else:
-                closer = self.syntax.closer
+                closer = self._closer
                 end = self._held.find(closer) if closer else -1
                 block = self._held if end < 0 else self._held[:end]
                 closed = end >= 0 or final
@@ -220,12 +228,45 @@ class ToolCallParser:
                     self._stream_hermes(out, block, closed=closed)
                 elif closed:
                     self._emit_whole(out, block)
+                if self._mode == "prose":
+                    continue  # the call named no offered tool: its text goes out as prose
                 if not closed:
                     return
                 self._held = "" if end < 0 else self._held[end + len(closer):]
                 self._mode = "between"
                 if end < 0:
                     return
+
+    def _start(self, final: bool) -> bool:
+        """Decide whether the answer opens with a call; False while more text is needed to tell."""
+        stripped = self._held.lstrip()
+        blanks = len(self._held) - len(stripped)
+        if self.syntax.family == "llama3":
+            if stripped.startswith(LLAMA3_PYTHON_TAG):
+                blanks += len(LLAMA3_PYTHON_TAG)
+                stripped = stripped[len(LLAMA3_PYTHON_TAG):]
+            if not final and (not stripped.strip() or LLAMA3_PYTHON_TAG.startswith(stripped)):
+                return False  # nothing but blanks or part of the tag yet
+            body = stripped.lstrip()
+            if body.startswith(self.syntax.opener):
+                self._enter_call(len(self._held) - len(body), None)
+            else:
+                self._mode = "prose"  # an answer that does not start with a call is prose to its end
+            return True
+        match = _BARE_CALL.match(stripped)
+        if match:
+            fence = match.group(1)
+            self._enter_call(blanks + stripped.index("{", len(fence or "")), "```" if fence else None)
+        elif not final and stripped[:1] in ("", "`", "{") and len(stripped) < _BARE_CALL_LOOKAHEAD:
+            return False
+        else:
+            self._mode = "text"
+        return True
+
+    def _reject(self) -> None:
+        """The open call names no offered tool: it was text, and so is the rest of the answer."""
+        self._held = self._entry + self._held
+        self._mode = "prose"
 
     def _stream_hermes(self, out: list[Delta], block: str, *, closed: bool) -> None:
         if not self._named:
@@ -234,7 +275,11 @@ class ToolCallParser:
                 if closed:
                     self._emit_whole(out, block)  # another shape of JSON ("parameters"...) or not a call
                 return
-            out.append(CallDelta(self.calls, "", id=new_call_id(), name=json.loads(f'"{match.group(1)}"')))
+            name = json.loads(f'"{match.group(1)}"')
+            if self.names is not None and name not in self.names:
+                self._reject()
+                return
+            out.append(CallDelta(self.calls, "", id=new_call_id(), name=name))
             self._named, self._args_at, self._sent = True, match.end(), 0
         arguments = block[self._args_at:]
         if closed:
@@ -253,11 +298,13 @@ class ToolCallParser:
 
     def _emit_whole(self, out: list[Delta], block: str) -> None:
         calls = _whole_calls(self.syntax, block)
+        if not calls or (self.names is not None and any(name not in self.names for name, _ in calls)):
+            if block.strip():
+                out.append(TextDelta(self._entry + block))  # not a call after all: the answer's text
+            return
         for name, arguments in calls:
             out.append(CallDelta(self.calls, arguments, id=new_call_id(), name=name))
             self.calls += 1
-        if not calls and block.strip():
-            out.append(TextDelta(block))  # not a call after all: the answer's text
 
 
 def _whole_calls(syntax: ToolSyntax, block: str) -> list[tuple[str, str]]:

@@ -17,9 +17,9 @@ TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 
 
-def parse(syntax, text: str, chunk: int) -> tuple[str, list]:
+def parse(syntax, text: str, chunk: int, names=None) -> tuple[str, list]:
     """Feed ``text`` in pieces of ``chunk`` characters, as a stream would."""
-    parser = ToolCallParser(syntax)
+    parser = ToolCallParser(syntax, names)
     deltas = []
     for i in range(0, len(text), chunk):
         deltas += parser.feed(text[i:i + chunk])
@@ -44,6 +44,12 @@ CASES = [
     (LLAMA3, "The answer is {x}.", "The answer is {x}.", []),
     (MISTRAL, '[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]', "",
      [("read_file", {"path": "a.py"})]),
+    # Qwen2.5-Coder's own habit: the call as a fenced (or bare) JSON object opening the answer.
+    (HERMES, '```json\n{\n  "name": "read_file",\n  "arguments": {\n    "path": "a.py"\n  }\n}\n```', "",
+     [("read_file", {"path": "a.py"})]),
+    (HERMES, '{"name": "read_file", "arguments": {"path": "a.py"}}', "", [("read_file", {"path": "a.py"})]),
+    (HERMES, "```python\nprint({'name': 1})\n```", "```python\nprint({'name': 1})\n```", []),
+    (HERMES, '{"a": 1} is a dict', '{"a": 1} is a dict', []),
 ]
 
 
@@ -54,6 +60,23 @@ def test_answers_parse_into_content_and_calls_however_they_are_streamed(syntax, 
     assert text == content
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
     assert len({c.id for c in parsed}) == len(parsed)
+
+
+@pytest.mark.parametrize("syntax,answer", [
+    (HERMES, '```json\n{"name": "rm_rf", "arguments": {}}\n```'),
+    (HERMES, 'Sure.\n<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'),
+    (MISTRAL, '[TOOL_CALLS][{"name": "rm_rf", "arguments": {}}]'),
+    (LLAMA3, '{"name": "rm_rf", "parameters": {}}'),
+])
+@pytest.mark.parametrize("chunk", [1, 1000])
+def test_a_call_of_a_tool_not_offered_is_text(syntax, answer, chunk):
+    assert parse(syntax, answer, chunk, names={"read_file"}) == (answer, [])
+
+
+def test_an_answer_opening_with_a_brace_or_fence_is_held_back_only_briefly():
+    parser = ToolCallParser(HERMES)
+    assert parser.feed("```") == []
+    assert collect_calls(parser.feed("python\n" + "x = 1\n" * 8))[0].startswith("```python\nx = 1")
 
 
 def test_hermes_arguments_stream_before_the_call_closes():

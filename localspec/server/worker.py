@@ -241,7 +241,8 @@ class GenerationWorker:
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
                                  prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
-        parser = ToolCallParser(self.tool_syntax) if request.offered_tools else None
+        names = {t["function"]["name"] for t in request.offered_tools}
+        parser = ToolCallParser(self.tool_syntax, names) if names else None
 
         def emit(deltas) -> None:
             for delta in deltas:
