@@ -145,19 +145,23 @@ def test_a_stream_refused_before_its_first_token_is_a_plain_anthropic_400(tools_
 
 @pytest.mark.real
 def test_real_pair_tool_loop(qwen_pair):
-    from tests.test_server import EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S
+    """As tests/test_server.py's: a forced call, its result, an auto step, an answer without tools."""
+    from tests.test_server import EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S, real_call_is_valid
 
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in EDIT_TOOLS]
     target, draft = qwen_pair
+    options = dict(system=anthropic.NOT_GIVEN, tools=tools, max_tokens=200, timeout=REAL_TIMEOUT_S)
     with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
         history = [{"role": "user", "content": REAL_TASK}]
-        first = create(server, history, system=anthropic.NOT_GIVEN, tools=tools, tool_choice={"type": "any"},
-                       max_tokens=200, timeout=REAL_TIMEOUT_S)
+        first = create(server, history, tool_choice={"type": "any"}, **options)
         [use] = [b for b in first.content if b.type == "tool_use"]
         assert first.stop_reason == "tool_use" and use.name == "read_file" and "main.py" in use.input["path"]
         history += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": REAL_FILE}]}]
-        answer = create(server, history, system=anthropic.NOT_GIVEN, tools=tools, max_tokens=200,
-                        timeout=REAL_TIMEOUT_S)
-    assert answer.stop_reason == "end_turn" and "add" in answer.content[0].text
+        auto = create(server, history, **options)
+        uses = [b for b in auto.content if b.type == "tool_use"]
+        assert auto.stop_reason == ("tool_use" if uses else "end_turn")
+        assert all(real_call_is_valid(b.name, b.input) for b in uses)
+        answer = create(server, history, tool_choice={"type": "none"}, **options)
+    assert answer.stop_reason == "end_turn" and "add" in answer.content[0].text.lower()

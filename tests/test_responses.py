@@ -108,18 +108,24 @@ def test_bad_input_gets_an_openai_error(tools_server, name, request_body, code):
 
 @pytest.mark.real
 def test_real_pair_tool_loop(qwen_pair):
-    from tests.test_server import EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S, open_worker, serving
+    """As tests/test_server.py's: a forced call, its result, an auto step, an answer without tools."""
+    from tests.test_server import (
+        EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S, open_worker, real_call_is_valid, serving,
+    )
 
     tools = [{"type": "function", **t["function"]} for t in EDIT_TOOLS]
     target, draft = qwen_pair
+    options = dict(model="x", tools=tools, max_output_tokens=200, temperature=0, timeout=REAL_TIMEOUT_S)
     with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
         items = [{"role": "user", "content": REAL_TASK}]
-        first = client(server).responses.create(model="x", input=items, tools=tools, tool_choice="required",
-                                                 max_output_tokens=200, temperature=0, timeout=REAL_TIMEOUT_S)
+        first = client(server).responses.create(input=items, tool_choice="required", **options)
         [call] = [o for o in first.output if o.type == "function_call"]
         assert call.name == "read_file" and "main.py" in json.loads(call.arguments)["path"]
         items += [call.model_dump(exclude_none=True),
                   {"type": "function_call_output", "call_id": call.call_id, "output": REAL_FILE}]
-        answer = client(server).responses.create(model="x", input=items, tools=tools, max_output_tokens=200,
-                                                  temperature=0, timeout=REAL_TIMEOUT_S)
-    assert answer.status == "completed" and "add" in answer.output_text
+        auto = client(server).responses.create(input=items, **options)
+        assert auto.status == "completed"
+        assert all(real_call_is_valid(o.name, json.loads(o.arguments)) for o in auto.output
+                   if o.type == "function_call")
+        answer = client(server).responses.create(input=items, tool_choice="none", **options)
+    assert answer.status == "completed" and "add" in answer.output_text.lower()

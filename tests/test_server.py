@@ -616,8 +616,15 @@ REAL_FILE = "def add(a, b):\n    return a + b\n"
 REAL_TASK = "What does main.py do? Read it, then answer in one sentence."
 
 
+def real_call_is_valid(name: str, arguments: dict) -> bool:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in EDIT_TOOLS}
+    return name in schemas and follows(arguments, schemas[name])
+
+
 @pytest.mark.real
 def test_real_pair_tool_loop(qwen_pair):
+    """Call (forced), result, then whatever the model does in auto mode (a text answer or a valid call),
+    then an answer with tool_choice 'none'."""
     target, draft = qwen_pair
     with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
         history = [{"role": "user", "content": REAL_TASK}]
@@ -627,6 +634,11 @@ def test_real_pair_tool_loop(qwen_pair):
         assert call.function.name == "read_file" and "main.py" in json.loads(call.function.arguments)["path"]
         history += [first.choices[0].message.model_dump(exclude_none=True),
                     {"role": "tool", "tool_call_id": call.id, "content": REAL_FILE}]
-        answer = call_tools(server, history, tools=EDIT_TOOLS, max_tokens=200, timeout=REAL_TIMEOUT_S)
-    assert answer.choices[0].finish_reason == "stop" and "add" in answer.choices[0].message.content
-    assert answer.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+        auto = call_tools(server, history, tools=EDIT_TOOLS, max_tokens=200, timeout=REAL_TIMEOUT_S)
+        calls = auto.choices[0].message.tool_calls or []
+        assert auto.choices[0].finish_reason == ("tool_calls" if calls else "stop")
+        assert all(real_call_is_valid(c.function.name, json.loads(c.function.arguments)) for c in calls)
+        answer = call_tools(server, history, tools=EDIT_TOOLS, tool_choice="none", max_tokens=200,
+                            timeout=REAL_TIMEOUT_S)
+    assert answer.choices[0].finish_reason == "stop" and "add" in answer.choices[0].message.content.lower()
+    assert auto.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
