@@ -6,7 +6,8 @@ Like llama.cpp's common/chat, one module knows the template families, for the se
 - ``qwen3-coder``: ``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>...``;
 - ``llama3``: Llama 3.x answers a call as a bare ``{"name": ..., "parameters": {...}}`` (after an optional
   ``<|python_tag|>``);
-- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``;
+- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or in newer templates
+  ``[TOOL_CALLS]NAME[ARGS]{...}`` per call;
 - ``generic``: the template has no tool syntax of its own (it never reads ``tools``): the tools and the
   hermes syntax are described in a system message, and calls are parsed as hermes.
 
@@ -25,7 +26,7 @@ from localspec.errors import UsageError
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA3_PYTHON_TAG = "<|python_tag|>"
-MISTRAL_OPEN = "[TOOL_CALLS]"
+MISTRAL_OPEN, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
 # A hermes call's head; the arguments start at the first non-blank after it (a lookahead, so a head seen
 # before its arguments have begun to stream is not taken as complete).
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
@@ -312,11 +313,18 @@ def _whole_calls(syntax: ToolSyntax, block: str) -> list[tuple[str, str]]:
     if syntax.family == "qwen3-coder":
         return [(name, json.dumps({p: _xml_value(v) for p, v in _XML_PARAMETER.findall(body)}, ensure_ascii=False))
                 for name, body in _XML_FUNCTION.findall(block)]
-    try:
-        value = json.loads(block)
-    except ValueError:
-        return []
-    calls = value if isinstance(value, list) else [value]
+    if syntax.family == "mistral" and MISTRAL_ARGS in block:
+        # Newer Mistral templates (Devstral, Small 3.2): NAME[ARGS]{...}, each call after its own [TOOL_CALLS].
+        calls = []
+        for part in block.split(MISTRAL_OPEN):
+            name, _, arguments = part.partition(MISTRAL_ARGS)
+            calls.append({"name": name.strip(), "arguments": arguments})
+    else:
+        try:
+            value = json.loads(block)
+        except ValueError:
+            return []
+        calls = value if isinstance(value, list) else [value]
     result = []
     for call in calls:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):

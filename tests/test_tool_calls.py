@@ -44,6 +44,8 @@ CASES = [
     (LLAMA3, "The answer is {x}.", "The answer is {x}.", []),
     (MISTRAL, '[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}]', "",
      [("read_file", {"path": "a.py"})]),
+    (MISTRAL, 'Reading.[TOOL_CALLS]read_file[ARGS]{"path": "a.py"}[TOOL_CALLS]read_file[ARGS]{"path": "b.py"}',
+     "Reading.", [("read_file", {"path": "a.py"}), ("read_file", {"path": "b.py"})]),
     # Qwen2.5-Coder's own habit: the call as a fenced (or bare) JSON object opening the answer.
     (HERMES, '```json\n{\n  "name": "read_file",\n  "arguments": {\n    "path": "a.py"\n  }\n}\n```', "",
      [("read_file", {"path": "a.py"})]),
