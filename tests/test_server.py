@@ -616,6 +616,11 @@ REAL_FILE = "def add(a, b):\n    return a + b\n"
 REAL_TASK = "What does main.py do? Read it, then answer in one sentence."
 
 
+def read_the_file(answer: str) -> bool:
+    """Whether an answer about REAL_FILE shows the model read the tool result."""
+    return any(word in answer.lower() for word in ("add", "sum"))
+
+
 def real_call_is_valid(name: str, arguments: dict) -> bool:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in EDIT_TOOLS}
     return name in schemas and follows(arguments, schemas[name])
@@ -640,5 +645,5 @@ def test_real_pair_tool_loop(qwen_pair):
         assert all(real_call_is_valid(c.function.name, json.loads(c.function.arguments)) for c in calls)
         answer = call_tools(server, history, tools=EDIT_TOOLS, tool_choice="none", max_tokens=200,
                             timeout=REAL_TIMEOUT_S)
-    assert answer.choices[0].finish_reason == "stop" and "add" in answer.choices[0].message.content.lower()
+    assert answer.choices[0].finish_reason == "stop" and read_the_file(answer.choices[0].message.content)
     assert auto.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
