@@ -1,8 +1,11 @@
-"""The OpenAI-compatible HTTP API: a Starlette app around a ``GenerationWorker``, served by uvicorn.
+"""The HTTP APIs: a Starlette app around a ``GenerationWorker``, served by uvicorn.
 
-Handlers run on the event loop and never touch a model: they check the request, queue a ``Job`` and
-relay its events, as one JSON body or as server-sent events. A client that goes away cancels its job,
-whether it is still queued or already generating.
+OpenAI's chat completions (schema.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
+(responses.py) each translate their body into the one ``GenerationRequest`` and the job's events back
+into their own format; nothing below knows which API asked. Handlers run on the event loop and never
+touch a model: they check the request, queue a ``Job`` and relay its events, as one JSON body or as
+server-sent events. A client that goes away cancels its job, whether it is still queued or already
+generating.
 """
 
 from __future__ import annotations
