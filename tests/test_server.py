@@ -360,6 +360,21 @@ def test_a_three_step_tool_loop(tools_server):
     assert answer.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens
 
 
+def test_a_template_without_tool_syntax_gets_the_generic_format(tiny_server):
+    """CHAT_TEMPLATE never reads ``tools``: the tools go into the system message, calls are <tool_call> JSON,
+    and earlier calls and results are written into the chat as text."""
+    history = list(TOOL_QUESTION)
+    first = call_tools(tiny_server, history, tool_choice=FORCE_READ, tools=[READ_TOOL])
+    [call] = first.choices[0].message.tool_calls
+    assert call.function.name == "read_file" and json.loads(call.function.arguments)["path"] in ("a.py", "b.py")
+    without = call_tools(tiny_server, history, tool_choice="none", tools=[READ_TOOL], max_tokens=1)
+    assert first.usage.prompt_tokens > without.usage.prompt_tokens + 50  # the tool listing
+    history += [first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "print('hello')"}]
+    second = call_tools(tiny_server, history, tools=[READ_TOOL], max_tokens=4)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+
+
 def test_tools_reach_the_template_and_none_keeps_them_out(tools_server):
     with_tools = call_tools(tools_server, TOOL_QUESTION, max_tokens=1)
     without = call_tools(tools_server, TOOL_QUESTION, max_tokens=1, tool_choice="none")
