@@ -375,6 +375,17 @@ def test_a_template_without_tool_syntax_gets_the_generic_format(tiny_server):
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
 
 
+def test_a_rare_schema_keyword_is_ignored_in_a_tool_and_refused_in_a_response_format(tools_server):
+    schema = {"type": "object", "properties": {"path": {"enum": ["a.py"]}}, "required": ["path"],
+              "dependentRequired": {"path": ["mode"]}}  # not implemented by llguidance
+    tool = {"type": "function", "function": {"name": "read_file", "parameters": schema}}
+    called = call_tools(tools_server, TOOL_QUESTION, tools=[tool], tool_choice=FORCE_READ)
+    assert json.loads(called.choices[0].message.tool_calls[0].function.arguments) == {"path": "a.py"}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError, match="dependentRequired"):
+        client(tools_server).chat.completions.create(model="tiny", messages=TOOL_QUESTION, response_format=fmt)
+
+
 def test_tools_reach_the_template_and_none_keeps_them_out(tools_server):
     with_tools = call_tools(tools_server, TOOL_QUESTION, max_tokens=1)
     without = call_tools(tools_server, TOOL_QUESTION, max_tokens=1, tool_choice="none")

@@ -34,10 +34,14 @@ def _tokenizer(model: LlamaModel) -> llguidance.LLTokenizer:
     return llguidance.llamacpp.lltokenizer_from_vocab(model.vocab_handle)
 
 
-def compact_json(schema: dict) -> str:
+def compact_json(schema: dict, *, lenient: bool = False) -> str:
     """``schema`` as llguidance's ``%json`` takes it, asking for compact JSON (", " and ": " separators,
-    no free whitespace): a model cannot wander into whitespace, and the separators become forced tokens."""
-    return json.dumps({**schema, "x-guidance": JSON_LAYOUT})
+    no free whitespace): a model cannot wander into whitespace, and the separators become forced tokens.
+
+    ``lenient``: keywords llguidance does not implement (an unknown ``format``, ``dependentRequired``...)
+    are ignored instead of refused, so the answer may break only those.
+    """
+    return json.dumps({**schema, "x-guidance": {**JSON_LAYOUT, "lenient": lenient}})
 
 
 def json_schema_grammar(schema: dict) -> str:

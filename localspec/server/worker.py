@@ -9,6 +9,7 @@ runs the decoder's ``finally``, which leaves both KV caches consistent for the n
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -216,7 +217,9 @@ class GenerationWorker:
             tools = [t for t in request.tools if request.tool_choice == "required"
                      or t["function"]["name"] == request.tool_name]
             special = special_token_forms(model, (HERMES_OPEN, HERMES_CLOSE, MISTRAL_OPEN))
-            grammar = call_grammar(self.tool_syntax, tools, special=special, json_text=compact_json,
+            # An agent's tools cannot be refused for a rare schema keyword; a response format can (it says why).
+            grammar = call_grammar(self.tool_syntax, tools, special=special,
+                                   json_text=functools.partial(compact_json, lenient=True),
                                    parallel=request.parallel_tool_calls and request.tool_choice == "required")
         return GrammarConstraint(model, grammar)
 
