@@ -35,7 +35,9 @@ class Conversation:
     def reset(self) -> None:
         self.messages.clear()
 
-    def render_text(self, messages: list[dict] | None = None, *, tools: list[dict] | None = None) -> tuple[str, bool]:
+    def render_text(
+        self, messages: list[dict] | None = None, *, tools: list[dict] | None = None
+    ) -> tuple[str, bool]:
         """The prompt text of ``messages`` (default: the conversation so far) and whether a BOS goes before it.
 
         ``tools``: OpenAI function tools, handed to the template's own ``tools`` variable.

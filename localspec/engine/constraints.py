@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from collections.abc import Sequence
 
 import llguidance
@@ -30,8 +31,11 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(model: LlamaModel) -> llguidance.LLTokenizer:
-    # About a second for a 150k-token vocabulary, so built once per model.
-    return llguidance.llamacpp.lltokenizer_from_vocab(model.vocab_handle)
+    # About a second for a 150k-token vocabulary, so built once per model. It calls the binding's deprecated
+    # llama_token_get_attr once per token: one warning per token would drown a test run's output.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return llguidance.llamacpp.lltokenizer_from_vocab(model.vocab_handle)
 
 
 def compact_json(schema: dict, *, lenient: bool = False) -> str:
