@@ -76,10 +76,10 @@ def _message(message: object, where: str) -> list[dict]:
         elif kind == "tool_use" and role == "assistant":
             calls.append(schema.tool_call(block.get("id"), block.get("name"), block.get("input"), at))
         elif kind == "tool_result" and role == "user":
-            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                            "content": _result_text(block.get("content"), at)})
             if not isinstance(block.get("tool_use_id"), str):
                 raise invalid(f"{at}.tool_use_id must be the id of the tool_use block this result answers")
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                            "content": _result_text(block.get("content"), at)})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # an earlier answer's reasoning; the template has no place for it
         else:
