@@ -6,9 +6,13 @@ import json
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from localspec.engine.constraints import GrammarConstraint, compact_json, json_schema_grammar
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.sampling import SamplingParams, probabilities
 from localspec.errors import GrammarError
 from localspec.session import ModelOptions, Pair, open_decoder
 from localspec.tool_calls import HERMES, call_grammar
@@ -117,3 +121,65 @@ def test_a_schema_llguidance_cannot_build_is_one_line_naming_the_fix(decoders):
     with pytest.raises(GrammarError) as error:
         GrammarConstraint(alone.target, json_schema_grammar({"type": "integer", "minimum": 5, "maximum": 1}))
     assert "minimum (5) is greater than maximum (1)" in str(error.value) and "\n" not in str(error.value)
+
+
+# -- sampling: speculation follows the constrained distribution of the target alone --------------------------
+# Free letters around a forced word: the draft model drafts letters (accepted or rejected by rejection
+# sampling) and masked words; the grammar drafts the forced word.
+LETTERS_GRAMMAR = 'start: /[a-e]/ /[a-e]/ "the" /[a-e]/'
+SAMPLING = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
+N_SAMPLES = 2000
+ALPHA = 1e-3  # false-alarm rate of the goodness-of-fit test
+
+
+def constrained_distribution(model_path, prompt: list[int]) -> dict[tuple[int, ...], float]:
+    """P(answer) for target-alone sampling under the mask, by enumerating the grammar's tree."""
+    model = LlamaModel(model_path, n_ctx=256, n_threads=1)
+    dist: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: list[int], prob: float) -> None:
+        constraint = GrammarConstraint(model, LETTERS_GRAMMAR)
+        constraint.advance(prefix)
+        model.reset()
+        logits = model.eval(prompt + prefix)[:1].copy()
+        constraint.restrict(logits)
+        p = probabilities(logits[0], SAMPLING)
+        for token in map(int, np.flatnonzero(p)):
+            if model.is_end_of_generation(token):
+                dist[tuple(prefix)] = dist.get(tuple(prefix), 0.0) + prob * p[token]
+            else:
+                walk(prefix + [token], prob * p[token])
+
+    walk([], 1.0)
+    return dist
+
+
+def test_sampled_constrained_speculation_follows_the_constrained_target_alone(make_tiny_model):
+    target = make_tiny_model("spread-target", seed=5, logit_scale=2.0)
+    draft = make_tiny_model("spread-draft", seed=5, logit_scale=2.0, perturb_seed=9, perturb_scale=0.4)
+    model = LlamaModel(target, n_ctx=256, n_threads=1)
+    proposer = DraftModelProposer(lambda: LlamaModel(draft, n_ctx=256, n_threads=1), min_confidence=0.0)
+    decoder = SpeculativeDecoder(model, draft=proposer, method="draft", draft_len=2)
+    prompt = model.tokenize("hello world", add_bos=True)
+    dist = constrained_distribution(target, prompt)
+    counts = dict.fromkeys(dist, 0)
+    by_method: dict[str, list[int]] = {}
+    for seed in range(N_SAMPLES):
+        tokens, generation = generate(decoder, prompt, LETTERS_GRAMMAR, SamplingParams(**{**SAMPLING.__dict__,
+                                                                                          "seed": seed}))
+        counts[tuple(tokens)] += 1  # a KeyError is an answer the constrained target alone never gives
+        for method, drafted in generation.drafted_by_method.items():
+            totals = by_method.setdefault(method, [0, 0])
+            totals[0] += drafted
+            totals[1] += generation.accepted_by_method[method]
+    keys = sorted(dist, key=dist.get, reverse=True)
+    expected = np.array([dist[k] for k in keys]) * N_SAMPLES
+    observed = np.array([counts[k] for k in keys], dtype=float)
+    big = expected >= 5  # pool rare answers so every cell expects at least 5
+    if not big.all():
+        expected = np.append(expected[big], expected[~big].sum())
+        observed = np.append(observed[big], observed[~big].sum())
+    assert stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > ALPHA
+    drafted, accepted = by_method["draft"]
+    assert 0.1 * drafted < accepted < drafted  # acceptances and residual draws both happened
+    assert by_method["grammar"][0] > 0  # the forced word was drafted by the grammar

@@ -91,13 +91,13 @@ class GrammarConstraint:
             # llguidance's message is "at LINE(COL): what failed" plus the grammar line and a caret.
             reason = self._matcher.get_error().splitlines()[0].partition(": ")[2]
             raise GrammarError(f"the output grammar cannot be built: {reason}; fix or simplify the JSON schema")
-        self._n_vocab = model.n_vocab
+        self.n_vocab = model.n_vocab
         self._bits = np.zeros((1, (self._tokenizer.vocab_size + 31) // 32), dtype=np.int32)
 
     def allowed(self) -> np.ndarray:
         """A boolean (n_vocab,) mask of the tokens the grammar allows next."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        return np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self._n_vocab).view(bool)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
 
     def restrict(self, logits: np.ndarray, draft: Sequence[int] = ()) -> None:
         """Mask ``logits`` in place: row i as after the tokens so far plus ``draft[:i]``.
@@ -119,6 +119,11 @@ class GrammarConstraint:
         """Follow the tokens emitted (each was allowed by the mask its row got)."""
         for token in tokens:
             self._matcher.consume_token(token)
+
+    def step_back(self, n: int) -> None:
+        """Forget the last ``n`` tokens followed (a draft model's look-ahead)."""
+        if n:
+            self._matcher.rollback(n)
 
     def forced(self) -> list[int]:
         """Tokens the grammar allows no alternative to, next (often none)."""

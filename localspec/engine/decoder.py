@@ -177,7 +177,7 @@ class SpeculativeDecoder:
             draft = Draft(lookup_tokens[:k], None, "lookup")
         elif plan.method == "draft" and k:
             t = perf_counter()
-            draft = self.draft.propose(context, k, sampling, rng)
+            draft = self.draft.propose(context, k, sampling, rng, constraint=self.constraint)
             draft_s = perf_counter() - t
             controller.record_draft(draft.catch_up_tokens, draft.catch_up_s, draft.steps, draft.steps_s)
         else:
