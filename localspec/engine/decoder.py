@@ -37,8 +37,8 @@ class Step:
     """What one round emitted."""
 
     tokens: list[int]
-    sources: list[str]  # per token: "target", "draft" or "lookup"
-    method: str  # "none", "lookup" or "draft"
+    sources: list[str]  # per token: "target", "draft", "lookup" or "grammar" (forced)
+    method: str  # "none", "lookup", "draft" or "grammar"
     drafted: int
     accepted: int
 

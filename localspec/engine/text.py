@@ -13,7 +13,7 @@ from localspec.engine.decoder import Step
 @dataclass
 class TextPiece:
     text: str
-    source: str  # "target", "draft" or "lookup": where the token(s) behind this text came from
+    source: str  # "target", "draft", "lookup" or "grammar": where the token(s) behind this text came from
     step: Step  # the round it belongs to, for live figures
     stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 
