@@ -35,21 +35,27 @@ class Conversation:
     def reset(self) -> None:
         self.messages.clear()
 
-    def render_text(self, messages: list[dict] | None = None) -> tuple[str, bool]:
-        """The prompt text of ``messages`` (default: the conversation so far) and whether a BOS goes before it."""
+    def render_text(
+        self, messages: list[dict] | None = None, *, tools: list[dict] | None = None
+    ) -> tuple[str, bool]:
+        """The prompt text of ``messages`` (default: the conversation so far) and whether a BOS goes before it.
+
+        ``tools``: OpenAI function tools, handed to the template's own ``tools`` variable.
+        """
         messages = self.messages if messages is None else messages
         if not self.chat:
             return "".join(m["content"] for m in messages), self.model.add_bos
         bos = self.model.token_bytes(self.model.bos_id).decode("utf-8", "replace") if self.model.bos_id >= 0 else ""
         eos = self.model.token_bytes(self.model.eos_id).decode("utf-8", "replace") if self.model.eos_id >= 0 else ""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        text = render_chat(self.template, system + messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        text = render_chat(self.template, system + messages, add_generation_prompt=True, tools=tools or None,
+                           bos_token=bos, eos_token=eos)
         # Templates that write the BOS text themselves must not get a second one from the tokenizer.
         return text, self.model.add_bos and not (bos and text.startswith(bos))
 
-    def render(self, messages: list[dict]) -> list[int]:
+    def render(self, messages: list[dict], *, tools: list[dict] | None = None) -> list[int]:
         """Prompt tokens for ``messages`` (after the system prompt, if any), ending with the assistant's turn."""
-        text, add_bos = self.render_text(messages)
+        text, add_bos = self.render_text(messages, tools=tools)
         return self.model.tokenize(text, add_bos=add_bos, special=True)
 
     def prompt_tokens(self, reserve: int) -> list[int]:
@@ -68,9 +74,6 @@ class Conversation:
                 "use a larger --ctx or a shorter prompt"
             )
         return tokens
-
-    def _stopped_by_string(self) -> None:
-        self.decoder.stats.stop_reason = STOP_STRING
 
     def ask(
         self,
@@ -97,7 +100,9 @@ class Conversation:
         steps = self.decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling, prefill_progress=prefill_progress)
         answer: list[str] = []
         try:
-            for piece in stream_text(self.model, steps, stop=stop, on_stop=self._stopped_by_string):
+            for piece in stream_text(self.model, steps, stop=stop):
+                if piece.stop:
+                    self.decoder.stats.stop_reason = STOP_STRING  # the round may also have used up the budget
                 answer.append(piece.text)
                 yield piece
         finally:

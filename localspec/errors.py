@@ -37,6 +37,10 @@ class GGUFError(LocalspecError):
     exit_code = 2
 
 
+class GrammarError(UsageError):
+    """A grammar or JSON schema that constrained decoding cannot build."""
+
+
 class TemplateError(LocalspecError):
     """A chat template failed to render in the sandbox."""
 

@@ -7,9 +7,15 @@
 2. An agent-style session of 4 turns, for `auto` vs `none`: each turn sends the whole history plus a
    100-line file and asks for an edit, as editors and coding agents do. Prints per turn: wall time,
    prompt tokens, prefix tokens reused from the KV cache, decode tok/s, acceptance; then the speedup.
+3. The same edits as a tool-using agent, `auto` vs `none`: per turn the model calls read_file (the file
+   comes back as a tool result), then write_file with the whole edited file, then answers in a line.
+   Calls are forced by name, so both methods walk the same steps; prints per step and per turn.
+4. Forced-token drafting: answers constrained by a JSON schema, `auto` vs `none`, with the tokens the
+   grammar drafted and how many were accepted.
 
     .venv/bin/python scripts/bench_server.py [--profile NAME | --target T --draft D] [--runs 2]
-        [--max-tokens 128] [--turn-tokens 256] [--threads N] [--ctx 8192]
+        [--max-tokens 128] [--turn-tokens 256] [--write-tokens 1536] [--threads N] [--ctx 8192]
+        [--parts 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -183,6 +189,116 @@ def agent_session(model_args: list[str], turn_tokens: int) -> None:
     print(f"session: auto {total_auto:.1f} s, none {total_none:.1f} s, {total_none / total_auto:.2f}x")
 
 
+AGENT_TOOLS = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the project",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+                       "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "write_file", "description": "Replace a file of the project with new content",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                       "required": ["path", "content"], "additionalProperties": False}}},
+]
+
+
+def force(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def tool_step(client: openai.OpenAI, history: list[dict], tool_choice, max_tokens: int) -> dict:
+    """One request of the agent loop; the answer (with its tool calls) joins the history."""
+    start = time.perf_counter()
+    answer = client.chat.completions.create(model="local", messages=history, tools=AGENT_TOOLS,
+                                            tool_choice=tool_choice, max_tokens=max_tokens, temperature=0)
+    wall = time.perf_counter() - start
+    message = answer.choices[0].message
+    history.append(message.model_dump(exclude_none=True))
+    return {"wall_s": wall, "timings": answer.model_extra["timings"], "usage": answer.usage,
+            "calls": message.tool_calls or [], "text": message.content or ""}
+
+
+def tool_agent_session(model_args: list[str], write_tokens: int) -> None:
+    file = inventory_file()
+    results: dict[str, list[list[dict]]] = {}
+    for method in ("auto", "none"):
+        history: list[dict] = [{"role": "system", "content": "You are a careful coding agent. Use the tools."}]
+        with serving(model_args, method) as client:
+            for turn, edit in enumerate(EDITS, start=1):
+                history.append({"role": "user", "content": f"In inventory.py: {edit}"})
+                steps = [tool_step(client, history, force("read_file"), 64)]
+                for call in steps[-1]["calls"]:
+                    history.append({"role": "tool", "tool_call_id": call.id, "content": file})
+                steps.append(tool_step(client, history, force("write_file"), write_tokens))
+                for call in steps[-1]["calls"]:
+                    history.append({"role": "tool", "tool_call_id": call.id, "content": "written"})
+                    file = json.loads(call.function.arguments).get("content", file)
+                steps.append(tool_step(client, history, "auto", 64))
+                results.setdefault(method, []).append(steps)
+                for name, step in zip(("read", "write", "answer"), steps):
+                    t = step["timings"]
+                    print(f"{method:5} turn {turn} {name:6}: {step['wall_s']:6.1f} s, prompt "
+                          f"{step['usage'].prompt_tokens} (reused {t['cache_n']}), {t['predicted_n']} tokens at "
+                          f"{t['predicted_per_second']:.1f} tok/s, accepted {t['draft_n_accepted']}/{t['draft_n']} "
+                          f"{json.dumps(t['by_method'])}", flush=True)
+    print(f"\ntool-using agent, {len(EDITS)} turns (read_file, write_file, answer), auto vs none:")
+    print(f"{'turn':>4} {'step':>6} {'prompt':>7} {'reused':>7} {'auto s':>7} {'none s':>7} {'speedup':>8} "
+          f"{'accepted':>9} {'grammar':>9} {'same':>5}")
+    for turn, (auto, none) in enumerate(zip(results["auto"], results["none"]), start=1):
+        for name, a, n in zip(("read", "write", "answer"), auto, none):
+            t = a["timings"]
+            accepted = f"{t['draft_n_accepted'] / t['draft_n']:.0%}" if t["draft_n"] else "-"
+            grammar = t["by_method"].get("grammar", {})
+            forced = f"{grammar.get('accepted', 0)}/{grammar.get('drafted', 0)}"
+            same = a["text"] == n["text"] and [c.function.arguments for c in a["calls"]] == [
+                c.function.arguments for c in n["calls"]]
+            print(f"{turn:4d} {name:>6} {a['usage'].prompt_tokens:7d} {t['cache_n']:7d} {a['wall_s']:7.1f} "
+                  f"{n['wall_s']:7.1f} {n['wall_s'] / a['wall_s']:7.2f}x {accepted:>9} {forced:>9} {str(same):>5}")
+    total_auto = sum(s["wall_s"] for turn in results["auto"] for s in turn)
+    total_none = sum(s["wall_s"] for turn in results["none"] for s in turn)
+    print(f"session: auto {total_auto:.1f} s, none {total_none:.1f} s, {total_none / total_auto:.2f}x")
+
+
+SCHEMA_PROMPTS = [
+    "Describe the function `load_items` in inventory.py.",
+    "Plan the refactor that renames `Item` to `StockItem`.",
+    "Which totals in inventory.py ignore items out of stock?",
+    "List the risks of parsing CSV with float().",
+]
+REVIEW_SCHEMA = {"type": "object", "properties": {
+    "summary": {"type": "string"}, "risk": {"enum": ["low", "medium", "high"]},
+    "files": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+    "steps": {"type": "array", "items": {"type": "string"}, "maxItems": 5}},
+    "required": ["summary", "risk", "files", "steps"], "additionalProperties": False}
+
+
+def schema_answers(model_args: list[str], max_tokens: int) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": REVIEW_SCHEMA, "strict": True}}
+    rows: dict[str, list[dict]] = {}
+    for method in ("auto", "none"):
+        with serving(model_args, method) as client:
+            for prompt in SCHEMA_PROMPTS:
+                messages = [{"role": "user", "content": f"Here is `inventory.py`:\n\n```python\n{inventory_file()}```"
+                                                        f"\n\n{prompt} Answer in JSON."}]
+                start = time.perf_counter()
+                answer = client.chat.completions.create(model="local", messages=messages, response_format=fmt,
+                                                        max_tokens=max_tokens, temperature=0)
+                rows.setdefault(method, []).append({"wall_s": time.perf_counter() - start,
+                                                    "timings": answer.model_extra["timings"],
+                                                    "text": answer.choices[0].message.content})
+    print(f"\njson_schema answers ({len(SCHEMA_PROMPTS)} prompts, up to {max_tokens} tokens), auto vs none:")
+    print(f"{'#':>2} {'tokens':>6} {'auto tok/s':>10} {'none tok/s':>10} {'speedup':>8} {'grammar':>9} "
+          f"{'other':>9} {'same':>5}")
+    for i, (a, n) in enumerate(zip(rows["auto"], rows["none"]), start=1):
+        t = a["timings"]
+        grammar = t["by_method"].get("grammar", {})
+        other_drafted = t["draft_n"] - grammar.get("drafted", 0)
+        other_accepted = t["draft_n_accepted"] - grammar.get("accepted", 0)
+        print(f"{i:2d} {t['predicted_n']:6d} {t['predicted_per_second']:10.1f} "
+              f"{n['timings']['predicted_per_second']:10.1f} {n['wall_s'] / a['wall_s']:7.2f}x "
+              f"{grammar.get('accepted', 0):>4}/{grammar.get('drafted', 0):<4} {other_accepted:>4}/{other_drafted:<4} "
+              f"{str(a['text'] == n['text']):>5}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile")
@@ -193,14 +309,25 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=256, help="tokens per answer in the agent session")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--write-tokens", type=int, default=1536,
+                        help="tokens for the write_file call of the tool-using agent (the whole file, JSON-escaped)")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run (see above), comma-separated")
     args = parser.parse_args()
     model_args = ["--ctx", str(args.ctx)]
     for flag in ("profile", "target", "draft", "threads"):
         if getattr(args, flag) is not None:
             model_args += [f"--{flag}", str(getattr(args, flag))]
-    server_vs_run(model_args, args.runs, args.max_tokens)
-    print()
-    agent_session(model_args, args.turn_tokens)
+    parts = {int(p) for p in args.parts.split(",")}
+    if 1 in parts:
+        server_vs_run(model_args, args.runs, args.max_tokens)
+    if 2 in parts:
+        print()
+        agent_session(model_args, args.turn_tokens)
+    if 3 in parts:
+        print()
+        tool_agent_session(model_args, args.write_tokens)
+    if 4 in parts:
+        schema_answers(model_args, args.max_tokens * 2)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from localspec.server.app import LocalServer, make_app
 from localspec.server.schema import GenerationRequest
 from localspec.server.worker import GenerationWorker, Job
 from localspec.session import ModelOptions, Pair, open_decoder
+from tests.tiny_models import QWEN_TOOLS_TEMPLATE
 
 N_CTX = 1024
 SYSTEM = "You answer in code."
@@ -275,6 +276,135 @@ def test_cors_only_for_the_given_origin(tiny_target):
         assert "access-control-allow-origin" not in other.headers
 
 
+# -- tool calls and constrained output ------------------------------------------------------------------
+# An enum keeps a random tiny model's forced call short and checkable.
+READ_TOOL = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file of the project",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string", "enum": ["a.py", "b.py"]}},
+                   "required": ["path"], "additionalProperties": False}}}
+LINES_TOOL = {"type": "function", "function": {
+    "name": "count_lines", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+TOOL_QUESTION = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix a.py"}]
+FORCE_READ = {"type": "function", "function": {"name": "read_file"}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "lang": {"enum": ["py", "rs"]}},
+          "required": ["ok", "lang"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def tools_server(make_tiny_model):
+    """The tiny pair with Qwen2.5's tool-calling template (hermes syntax)."""
+    target = make_tiny_model("tools-target", seed=0, logit_scale=8.0, chat_template=QWEN_TOOLS_TEMPLATE)
+    draft = make_tiny_model("tools-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
+                            chat_template=QWEN_TOOLS_TEMPLATE)
+    # The tool listing alone is ~650 tokens in the tiny byte-level vocabulary.
+    with serving(open_worker(target, draft, n_ctx=2048)) as server:
+        yield server
+
+
+def call_tools(server: LocalServer, history: list[dict], **options) -> openai.types.chat.ChatCompletion:
+    options = {"max_tokens": 120, "temperature": 0, "tools": [READ_TOOL, LINES_TOOL], **options}
+    return client(server).chat.completions.create(model="tiny", messages=history, **options)
+
+
+def test_a_forced_call_is_valid_and_streams_as_openai_deltas(tools_server):
+    whole = call_tools(tools_server, TOOL_QUESTION, tool_choice=FORCE_READ)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "read_file" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments)["path"] in ("a.py", "b.py")
+    # Forced tokens (the wrapper, the name, the keys) are drafted by the grammar and all accepted.
+    by_method = whole.model_extra["timings"]["by_method"]
+    assert by_method["grammar"]["drafted"] == by_method["grammar"]["accepted"] > 10
+
+    options = dict(model="tiny", messages=TOOL_QUESTION, tools=[READ_TOOL, LINES_TOOL], tool_choice=FORCE_READ,
+                   max_tokens=120, temperature=0)
+    with client(tools_server).chat.completions.stream(**options) as stream:  # the SDK's own assembler
+        chunks = [event.chunk for event in stream if event.type == "chunk"]
+        final = stream.get_final_completion()
+    [streamed] = final.choices[0].message.tool_calls
+    assert streamed.function.name == "read_file" and streamed.function.arguments == call.function.arguments
+    assert final.choices[0].finish_reason == "tool_calls"
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0].id and deltas[0].function.name == "read_file" and deltas[0].index == 0
+    assert all(d.id is None and d.function.name is None and d.index == 0 for d in deltas[1:])
+
+
+def test_required_lets_the_model_pick_among_the_tools_and_parallel_calls_are_honoured(tools_server):
+    counts = {}
+    for parallel in (None, False, True):
+        options = {} if parallel is None else {"parallel_tool_calls": parallel}
+        answer = call_tools(tools_server, TOOL_QUESTION, tool_choice="required", max_tokens=400, **options)
+        assert answer.choices[0].finish_reason == "tool_calls"
+        for call in answer.choices[0].message.tool_calls:
+            assert call.function.name in ("read_file", "count_lines")
+            assert isinstance(json.loads(call.function.arguments), dict)
+        counts[parallel] = len(answer.choices[0].message.tool_calls)
+    assert counts[None] == counts[False] == 1  # one call unless parallel calls are asked for
+
+
+def test_a_three_step_tool_loop(tools_server):
+    history = list(TOOL_QUESTION)
+    first = call_tools(tools_server, history, tool_choice=FORCE_READ)
+    [call] = first.choices[0].message.tool_calls
+    history += [first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "print('hello')"}]
+    second = call_tools(tools_server, history, tool_choice=FORCE_READ)
+    [again] = second.choices[0].message.tool_calls
+    history += [second.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": again.id, "content": "x = 1"}]
+    answer = call_tools(tools_server, history, max_tokens=8)
+    assert answer.choices[0].finish_reason == "length" and answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].message.content
+    # Each turn resends the conversation; the server evaluates only what its cache lacks.
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert answer.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens
+
+
+def test_a_template_without_tool_syntax_gets_the_generic_format(tiny_server):
+    """CHAT_TEMPLATE never reads ``tools``: the tools go into the system message, calls are <tool_call> JSON,
+    and earlier calls and results are written into the chat as text."""
+    history = list(TOOL_QUESTION)
+    first = call_tools(tiny_server, history, tool_choice=FORCE_READ, tools=[READ_TOOL])
+    [call] = first.choices[0].message.tool_calls
+    assert call.function.name == "read_file" and json.loads(call.function.arguments)["path"] in ("a.py", "b.py")
+    without = call_tools(tiny_server, history, tool_choice="none", tools=[READ_TOOL], max_tokens=1)
+    assert first.usage.prompt_tokens > without.usage.prompt_tokens + 50  # the tool listing
+    history += [first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "print('hello')"}]
+    second = call_tools(tiny_server, history, tools=[READ_TOOL], max_tokens=4)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+
+
+def test_a_rare_schema_keyword_is_ignored_in_a_tool_and_refused_in_a_response_format(tools_server):
+    schema = {"type": "object", "properties": {"path": {"enum": ["a.py"]}}, "required": ["path"],
+              "dependentRequired": {"path": ["mode"]}}  # not implemented by llguidance
+    tool = {"type": "function", "function": {"name": "read_file", "parameters": schema}}
+    called = call_tools(tools_server, TOOL_QUESTION, tools=[tool], tool_choice=FORCE_READ)
+    assert json.loads(called.choices[0].message.tool_calls[0].function.arguments) == {"path": "a.py"}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError, match="dependentRequired"):
+        client(tools_server).chat.completions.create(model="tiny", messages=TOOL_QUESTION, response_format=fmt)
+
+
+def test_tools_reach_the_template_and_none_keeps_them_out(tools_server):
+    with_tools = call_tools(tools_server, TOOL_QUESTION, max_tokens=1)
+    without = call_tools(tools_server, TOOL_QUESTION, max_tokens=1, tool_choice="none")
+    assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens + 100
+
+
+def test_json_schema_and_json_object_answers_parse(tools_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}
+    answer = client(tools_server).chat.completions.create(model="tiny", messages=TOOL_QUESTION, max_tokens=60,
+                                                          temperature=0, response_format=fmt)
+    value = json.loads(answer.choices[0].message.content)
+    assert set(value) == {"ok", "lang"} and isinstance(value["ok"], bool) and value["lang"] in ("py", "rs")
+    assert answer.choices[0].finish_reason == "stop"
+    sampled = client(tools_server).chat.completions.create(
+        model="tiny", messages=TOOL_QUESTION, max_tokens=60, temperature=1.0, seed=3,
+        response_format={"type": "json_object"})
+    assert isinstance(json.loads(sampled.choices[0].message.content), dict)
+
+
 # -- bad input ---------------------------------------------------------------------------------------
 def chat_body(**fields) -> dict:
     return {"model": "tiny", "messages": messages(), "max_tokens": 4, **fields}
@@ -288,7 +418,29 @@ BAD_REQUESTS = [
     ("messages not a list", chat_body(messages="hi"), 400, "missing_messages"),
     ("message not an object", chat_body(messages=["hi"]), 400, "invalid_value"),
     ("unknown role", chat_body(messages=[{"role": "wizard", "content": "hi"}]), 400, "invalid_role"),
-    ("tool role", chat_body(messages=[{"role": "tool", "content": "hi"}]), 400, "invalid_role"),
+    ("tool result without a call id", chat_body(messages=[{"role": "tool", "content": "hi"}]), 400, "invalid_value"),
+    ("tool result for an unknown call", chat_body(messages=[
+        {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_x", "content": "42"}]),
+     400, "unknown_tool_call_id"),
+    ("tool call arguments not an object", chat_body(messages=[
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]), 400, "invalid_value"),
+    ("tool not a function", chat_body(tools=[{"type": "retrieval"}]), 400, "invalid_tools"),
+    ("tool name with a space", chat_body(tools=[{"type": "function", "function": {"name": "read file"}}]),
+     400, "invalid_tools"),
+    ("tool parameters not an object schema", chat_body(tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]), 400, "invalid_tools"),
+    ("tool_choice names an unknown tool", chat_body(tools=[READ_TOOL], tool_choice={
+        "type": "function", "function": {"name": "write_file"}}), 400, "invalid_tool_choice"),
+    ("tool_choice required without tools", chat_body(tool_choice="required"), 400, "invalid_tool_choice"),
+    ("tool_choice unknown", chat_body(tools=[READ_TOOL], tool_choice="always"), 400, "invalid_tool_choice"),
+    ("functions", chat_body(functions=[{"name": "f"}]), 400, "unsupported_parameter"),
+    ("response_format unknown", chat_body(response_format={"type": "xml"}), 400, "invalid_response_format"),
+    ("json_schema without a schema", chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+     400, "invalid_response_format"),
+    ("a schema the grammar converter cannot build", chat_body(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/nope"}}}),
+     400, "invalid_schema"),
     ("content a number", chat_body(messages=[{"role": "user", "content": 5}]), 400, "invalid_value"),
     ("image part", chat_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
      400, "invalid_value"),
@@ -300,7 +452,6 @@ BAD_REQUESTS = [
     ("stream a string", chat_body(stream="yes"), 400, "invalid_value"),
     ("stop a number", chat_body(stop=7), 400, "invalid_value"),
     ("n > 1", chat_body(n=2), 400, "invalid_value"),
-    ("tools", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
     ("penalty", chat_body(presence_penalty=1.0), 400, "unsupported_parameter"),
     ("logprobs", chat_body(logprobs=True), 400, "unsupported_parameter"),
 ]
@@ -421,3 +572,104 @@ def test_real_pair_stream_whole_and_run_agree(qwen_pair):
     assert whole.choices[0].message.content == streamed == expected == again.choices[0].message.content
     assert TIMINGS <= chunks[-1].model_extra["timings"].keys()
     assert second.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens
+
+
+# On the real pair: every forced call and every schema answer parses and follows its schema.
+EDIT_TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file of the project",
+                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                     "required": ["path"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "run_command", "description": "Run a shell command",
+                                      "parameters": {"type": "object", "properties": {
+                                          "command": {"type": "string"}, "timeout_s": {"type": "integer"}},
+                                          "required": ["command"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "replace_in_file", "description": "Replace text in a file",
+                                      "parameters": {"type": "object", "properties": {
+                                          "path": {"type": "string"}, "old": {"type": "string"},
+                                          "new": {"type": "string"}},
+                                          "required": ["path", "old", "new"], "additionalProperties": False}}},
+]
+REAL_PROMPTS = [
+    "What is in setup.py?",
+    "Run the test suite with pytest.",
+    "Rename the function foo to bar in utils/strings.py.",
+    "Why does `import numpy` fail on this machine?",
+    "Show me the README.",
+    "Count the lines of Python in src/.",
+    "Fix the typo 'recieve' in docs/api.md.",
+    "Is port 8080 in use?",
+    "Replace print statements with logging in app/main.py.",
+    "Check which version of Python is installed.",
+]
+VERDICT = {"type": "object", "properties": {
+    "summary": {"type": "string"}, "difficulty": {"enum": ["easy", "medium", "hard"]},
+    "files": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    "required": ["summary", "difficulty", "files"], "additionalProperties": False}
+
+
+def follows(value: dict, schema: dict) -> bool:
+    """Enough of JSON schema for the schemas above: required keys, no others, and each property's type."""
+    types = {"string": str, "integer": int, "array": list}
+    properties = schema["properties"]
+    return (isinstance(value, dict) and set(schema["required"]) <= value.keys() <= properties.keys()
+            and all(value[k] in p["enum"] if "enum" in p else isinstance(value[k], types[p["type"]])
+                    for k, p in properties.items() if k in value))
+
+
+@pytest.mark.real
+def test_real_pair_forced_tool_calls_and_json_schemas_are_valid_on_ten_prompts(qwen_pair):
+    target, draft = qwen_pair
+    with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
+        openai_client = client(server)
+        for prompt in REAL_PROMPTS:
+            history = [{"role": "user", "content": prompt}]
+            called = openai_client.chat.completions.create(
+                model="x", messages=history, tools=EDIT_TOOLS, tool_choice="required", max_tokens=300,
+                temperature=0, timeout=REAL_TIMEOUT_S)
+            assert called.choices[0].finish_reason == "tool_calls", prompt
+            schemas = {t["function"]["name"]: t["function"]["parameters"] for t in EDIT_TOOLS}
+            for call in called.choices[0].message.tool_calls:
+                assert follows(json.loads(call.function.arguments), schemas[call.function.name]), (prompt, call)
+            fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT, "strict": True}}
+            judged = openai_client.chat.completions.create(
+                model="x", messages=history, response_format=fmt, max_tokens=300, temperature=0,
+                timeout=REAL_TIMEOUT_S)
+            assert judged.choices[0].finish_reason == "stop", prompt
+            assert follows(json.loads(judged.choices[0].message.content), VERDICT), (prompt, judged)
+
+
+REAL_FILE = "def add(a, b):\n    return a + b\n"
+REAL_TASK = "What does main.py do? Read it, then answer in one sentence."
+
+
+def read_the_file(answer: str) -> bool:
+    """Whether an answer about REAL_FILE shows the model read the tool result."""
+    return any(word in answer.lower() for word in ("add", "sum"))
+
+
+def real_call_is_valid(name: str, arguments: dict) -> bool:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in EDIT_TOOLS}
+    return name in schemas and follows(arguments, schemas[name])
+
+
+@pytest.mark.real
+def test_real_pair_tool_loop(qwen_pair):
+    """Call (forced), result, then whatever the model does in auto mode (a text answer or a valid call),
+    then an answer with tool_choice 'none'."""
+    target, draft = qwen_pair
+    with serving(open_worker(target, draft, n_ctx=4096, threads=None)) as server:
+        history = [{"role": "user", "content": REAL_TASK}]
+        first = call_tools(server, history, tools=EDIT_TOOLS, tool_choice="required", max_tokens=200,
+                           timeout=REAL_TIMEOUT_S)
+        [call] = first.choices[0].message.tool_calls
+        assert call.function.name == "read_file" and "main.py" in json.loads(call.function.arguments)["path"]
+        history += [first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": call.id, "content": REAL_FILE}]
+        auto = call_tools(server, history, tools=EDIT_TOOLS, max_tokens=200, timeout=REAL_TIMEOUT_S)
+        calls = auto.choices[0].message.tool_calls or []
+        assert auto.choices[0].finish_reason == ("tool_calls" if calls else "stop")
+        assert all(real_call_is_valid(c.function.name, json.loads(c.function.arguments)) for c in calls)
+        answer = call_tools(server, history, tools=EDIT_TOOLS, tool_choice="none", max_tokens=200,
+                            timeout=REAL_TIMEOUT_S)
+    assert answer.choices[0].finish_reason == "stop" and read_the_file(answer.choices[0].message.content)
+    assert auto.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1

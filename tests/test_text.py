@@ -1,10 +1,11 @@
-"""Tokens to text: the stream ends just before the first stop string and emits no empty pieces."""
+"""Tokens to text: the stream ends just before the first stop string, and names it on its last piece
+(the only piece that may be empty)."""
 
 from __future__ import annotations
 
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder, Step
-from localspec.engine.text import STOP_STRING, stream_text
+from localspec.engine.text import stream_text
 
 
 def _pieces(tiny_target, stop=()):
@@ -25,16 +26,16 @@ def test_output_ends_before_the_first_stop_string(tiny_target):
     cut_pieces, decoder = _pieces(tiny_target, stop=(stop, "never-in-the-output"))
     assert "".join(p.text for p in cut_pieces) == full[: full.index(stop)]
     assert decoder.stats.generated_tokens < 40  # the decoder was stopped, not run to the token budget
+    assert cut_pieces[-1].stop == stop and all(p.stop is None and p.text for p in cut_pieces[:-1])
+    assert all(p.stop is None for p in pieces)
 
 
 def test_a_stop_string_in_the_round_that_ends_the_budget_is_still_the_reason(tiny_target):
     """A long accepted draft (an answer found in the history, say) can hold the stop string and reach
-    the token budget in one round: the decoder then says "length", the text layer knows better."""
+    the token budget in one round: the decoder then says "length", the last piece knows better."""
     model = LlamaModel(tiny_target, n_ctx=256, n_threads=1, vocab_only=True)
     tokens = model.tokenize("hello world the code", add_bos=False)
     last_round = Step(tokens, ["suffix"] * len(tokens), "suffix", len(tokens) - 1, len(tokens) - 1)
-    reasons = []
-    pieces = list(stream_text(model, [last_round], stop=("world",), on_stop=lambda: reasons.append(STOP_STRING)))
-    assert "".join(p.text for p in pieces).strip() == "hello" and reasons == [STOP_STRING]
-    assert list(stream_text(model, [last_round], stop=("nowhere",), on_stop=lambda: reasons.append(0)))
-    assert reasons == [STOP_STRING]
+    pieces = list(stream_text(model, [last_round], stop=("world",)))
+    assert "".join(p.text for p in pieces).strip() == "hello" and pieces[-1].stop == "world"
+    assert all(p.stop is None for p in stream_text(model, [last_round], stop=("nowhere",)))

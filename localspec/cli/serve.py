@@ -1,4 +1,4 @@
-"""``localspec serve``: the pair behind an OpenAI-compatible HTTP API, for editors and coding agents."""
+"""``localspec serve``: the pair behind OpenAI- and Anthropic-compatible HTTP APIs, for editors and coding agents."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def serve_command(
     *,
     generation: o.GenerationOptions,
 ) -> None:
-    """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    """Serve the pair to editors and agents: OpenAI chat completions and Responses, Anthropic Messages."""
     if not _is_loopback(host) and not api_key:
         raise UsageError(
             f"--host {host} lets other machines connect; also pass --api-key KEY (or set {API_KEY_ENV})"

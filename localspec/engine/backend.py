@@ -322,6 +322,11 @@ class LlamaModel:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
 
     @property
+    def vocab_handle(self):
+        """The llama.cpp vocab pointer, for libraries that read it (llguidance's tokenizer)."""
+        return self._vocab
+
+    @property
     def add_bos(self) -> bool:
         return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
 

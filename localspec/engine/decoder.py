@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from localspec.engine.stats import GenerationStats
 from localspec.engine.suffix import SuffixDraft
 from localspec.errors import ContextFullError, UsageError
 
+if TYPE_CHECKING:  # llguidance loads only for generations that use a grammar
+    from localspec.engine.constraints import GrammarConstraint
+
 # Matching suffixes up to 8 tokens tells a copy in progress (long matches) from chance (short ones).
 LOOKUP_MAX_NGRAM = 8
 
@@ -35,8 +39,8 @@ class Step:
     """What one round emitted."""
 
     tokens: list[int]
-    sources: list[str]  # per token: "target", "draft", "lookup" or "suffix"
-    method: str  # "none", "lookup", "suffix" or "draft"
+    sources: list[str]  # per token: "target", "draft", "lookup", "suffix" or "grammar" (forced)
+    method: str  # "none", "lookup", "suffix", "draft" or "grammar"
     drafted: int
     accepted: int
 
@@ -84,6 +88,7 @@ class SpeculativeDecoder:
             self.controller.remember(pass_costs.load())
         self.stats = GenerationStats()
         self.history = history
+        self.constraint: GrammarConstraint | None = None  # the running generation's grammar, if any
 
     def _sync_lookup(self, context: Sequence[int]) -> None:
         """Make the lookup history equal ``context``, keeping the index of the common prefix."""
@@ -100,10 +105,12 @@ class SpeculativeDecoder:
         max_tokens: int,
         sampling: SamplingParams = SamplingParams(),
         prefill_progress: Callable[[int, int], None] | None = None,
+        constraint: GrammarConstraint | None = None,
     ) -> Iterator[Step]:
         """Yield the rounds of one generation continuing ``prompt`` (the full context, token ids).
 
         The common prefix with what the target's KV cache already holds is not evaluated again.
+        ``constraint``: a grammar every emitted token must follow (see constraints.py).
         """
         if not prompt:
             raise UsageError("empty prompt: give some text to continue")
@@ -131,7 +138,10 @@ class SpeculativeDecoder:
             self.controller.record_pass(*target.large_eval)
 
         context = list(prompt)
+        self.constraint = constraint
         try:
+            if constraint is not None:
+                constraint.restrict(logits[None, :])
             token = int(np.argmax(logits)) if sampling.greedy else sample(probabilities(logits, sampling), rng)
             stats.record_round("none", 0, 0)  # the prefill pass produced the first token
             step = self._emit(context, Step([token], ["target"], "none", 0, 0), max_tokens)
@@ -153,6 +163,7 @@ class SpeculativeDecoder:
             stats.draft_status = self.controller.draft_status()
             if self.history is not None:
                 self.history.add(prompt, context[len(prompt) :])
+            self.constraint = None
 
     def _round(
         self, context: list[int], max_tokens: int, sampling: SamplingParams, rng: np.random.Generator
@@ -163,11 +174,12 @@ class SpeculativeDecoder:
         if room < 0:
             stats.stop_reason = "context_full"
             return None
+        forced = self.constraint.forced() if self.constraint is not None and controller.method != "none" else []
         lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
         suffix = SuffixDraft([], 0)
-        if self.history is not None and controller.method == "auto":
+        if self.history is not None and controller.method == "auto" and not forced:
             suffix = self.history.index.propose(context, controller.lookup_max)
-        plan: Plan = controller.plan(
+        plan: Plan = Plan("grammar", len(forced), len(forced), 0.0) if forced else controller.plan(
             lookup_available=len(lookup_tokens),
             lookup_match_len=self.lookup.last_match_len,
             suffix_available=len(suffix.tokens),
@@ -178,13 +190,15 @@ class SpeculativeDecoder:
         )
         k = max(0, min(plan.k, room, max_tokens - stats.generated_tokens - 1))
         draft_s = 0.0
-        if plan.method == "lookup" and k:
+        if plan.method == "grammar" and k:
+            draft = Draft(forced[:k], None, "grammar")  # tokens the grammar forces: drafted for free
+        elif plan.method == "lookup" and k:
             draft = Draft(lookup_tokens[:k], None, "lookup")
         elif plan.method == "suffix" and k:
             draft = Draft(suffix.tokens[:k], None, "suffix")
         elif plan.method == "draft" and k:
             t = perf_counter()
-            draft = self.draft.propose(context, k, sampling, rng)
+            draft = self.draft.propose(context, k, sampling, rng, constraint=self.constraint)
             draft_s = perf_counter() - t
             controller.record_draft(draft.catch_up_tokens, draft.catch_up_s, draft.steps, draft.steps_s)
         else:
@@ -199,6 +213,8 @@ class SpeculativeDecoder:
         logits = target.eval(batch, n_logits=len(batch))
         verify_s = perf_counter() - t
         controller.record_pass(len(batch), verify_s)
+        if self.constraint is not None:
+            self.constraint.restrict(logits, draft.tokens)
         if sampling.greedy:
             accepted, token = verify_greedy(draft.tokens, logits.argmax(axis=1))
         else:
@@ -206,8 +222,9 @@ class SpeculativeDecoder:
 
         drafted = len(draft.tokens)
         method = draft.source if drafted else "none"
-        match_len = suffix.match_len if method == "suffix" else self.lookup.last_match_len
-        controller.record_round(method, match_len, drafted, accepted)
+        if method != "grammar":  # forced drafts say nothing about how well lookup or the draft model guess
+            match_len = suffix.match_len if method == "suffix" else self.lookup.last_match_len
+            controller.record_round(method, match_len, drafted, accepted)
         stats.record_round(method, drafted, accepted)
         stats.draft_s += draft_s
         stats.verify_s += verify_s
@@ -242,5 +259,7 @@ class SpeculativeDecoder:
             stats.stop_reason = stats.stop_reason or "length"
         context.extend(step.tokens)
         self.lookup.extend(step.tokens)
+        if self.constraint is not None:
+            self.constraint.advance(step.tokens)
         stats.generated_tokens += len(step.tokens)
         return step

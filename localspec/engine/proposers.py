@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localspec.engine.backend import LlamaModel
 from localspec.engine.sampling import SamplingParams, probabilities, sample
+
+if TYPE_CHECKING:
+    from localspec.engine.constraints import GrammarConstraint
 
 DEFAULT_MIN_CONFIDENCE = 0.5
 # A round usually starts by evaluating the one or two tokens accepted since the last; a longer catch-up
@@ -75,7 +79,10 @@ class DraftModelProposer:
         max_tokens: int,
         sampling: SamplingParams,
         rng: np.random.Generator,
+        constraint: GrammarConstraint | None = None,
     ) -> Draft:
+        """Up to ``max_tokens`` draft tokens. Under a ``constraint`` each is drawn from the draft's masked
+        distribution (q is that one), so no draft token is one the grammar refuses."""
         model = self.model
         started = perf_counter()
         keep, batch = _split_catch_up(model.common_prefix(context), len(context))
@@ -91,7 +98,12 @@ class DraftModelProposer:
         steps = 1
         tokens: list[int] = []
         qs: list[np.ndarray] = []
+        if constraint is not None and len(logits) != constraint.n_vocab:
+            constraint = None  # a draft with a padded vocabulary of another size drafts unconstrained
+        followed = 0  # draft tokens the constraint followed, taken back after drafting
         for i in range(max_tokens):
+            if constraint is not None:
+                constraint.restrict(logits[None, :])
             if sampling.greedy:
                 token = int(np.argmax(logits))
                 confidence = 1.0 / float(np.exp(logits - logits[token]).sum())
@@ -104,9 +116,16 @@ class DraftModelProposer:
                 token = sample(q, rng)
                 qs.append(q)
             tokens.append(token)
+            if constraint is not None:
+                if model.is_end_of_generation(token):
+                    break  # the grammar allowed the end: nothing follows it
+                constraint.advance([token])
+                followed += 1
             if i + 1 < max_tokens:
                 logits = model.eval([token], n_logits=1)[0]
                 steps += 1
+        if constraint is not None:
+            constraint.step_back(followed)  # the draft only looked ahead; verification decides
         q = None if sampling.greedy else qs
         return Draft(tokens, q, "draft", batch, catch_up_s, steps, perf_counter() - started - catch_up_s)
 

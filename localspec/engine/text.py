@@ -3,35 +3,31 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import Step
 
 
-# GenerationStats.stop_reason when a stop string ended the answer (set through stream_text's on_stop).
+# GenerationStats.stop_reason when a stop string ended the answer (set by whoever streams the text, from
+# the last piece's ``stop``).
 STOP_STRING = "stop_string"
 
 
 @dataclass
 class TextPiece:
     text: str
-    source: str  # "target", "draft", "lookup" or "suffix": where the token(s) behind this text came from
+    source: str  # "target", "draft", "lookup", "suffix" or "grammar": where the token(s) behind this text came from
     step: Step  # the round it belongs to, for live figures
+    stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 
 
-def stream_text(
-    model: LlamaModel,
-    steps: Iterable[Step],
-    *,
-    stop: Sequence[str] = (),
-    on_stop: Callable[[], None] | None = None,
-) -> Iterator[TextPiece]:
+def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
     """Turn decoder steps into text pieces, ending at the first stop string (which is not emitted).
 
     Text that could be the start of a stop string is held back until it is known not to be one. When a
-    stop string is found, ``on_stop`` is called (the round that held it may also have used up the token
+    stop string is found, the last piece names it (the round that held it may also have used up the token
     budget, so the decoder's stop reason alone cannot tell) and the step iterator is closed, so the
     decoder rolls its caches back at once.
     """
@@ -44,12 +40,10 @@ def stream_text(
         for step in iterator:
             for token, source in zip(step.tokens, step.sources):
                 held += decoder.decode(model.token_bytes(token))
-                cut = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    if on_stop is not None:
-                        on_stop()
-                    if cut:
-                        yield TextPiece(held[:cut], source, step)
+                found = [(i, s) for s in stop if (i := held.find(s)) >= 0]
+                if found:
+                    cut, matched = min(found)
+                    yield TextPiece(held[:cut], source, step, stop=matched)
                     return  # the finally below closes the decoder's generator
                 safe = len(held) - max(longest_stop - 1, 0)
                 if safe > 0:

@@ -1,8 +1,11 @@
-"""The OpenAI-compatible HTTP API: a Starlette app around a ``GenerationWorker``, served by uvicorn.
+"""The HTTP APIs: a Starlette app around a ``GenerationWorker``, served by uvicorn.
 
-Handlers run on the event loop and never touch a model: they check the request, queue a ``Job`` and
-relay its events, as one JSON body or as server-sent events. A client that goes away cancels its job,
-whether it is still queued or already generating.
+OpenAI's chat completions (schema.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
+(responses.py) each translate their body into the one ``GenerationRequest`` and the job's events back
+into their own format; nothing below knows which API asked. Handlers run on the event loop and never
+touch a model: they check the request, queue a ``Job`` and relay its events, as one JSON body or as
+server-sent events. A client that goes away cancels its job, whether it is still queued or already
+generating.
 """
 
 from __future__ import annotations
@@ -24,9 +27,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localspec.server import schema
+from localspec.server import anthropic, responses, schema
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
+from localspec.tool_calls import CallDelta
+
+# What a job emits while it answers (the rest are Finished or Failed).
+ANSWER_EVENTS = (Piece, CallDelta)
 
 # Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -48,7 +55,8 @@ def make_app(
 
     Args:
         model_name: the id listed by /v1/models and echoed in responses (any requested name is accepted).
-        api_key: when set, every /v1 request needs ``Authorization: Bearer <api_key>``.
+        api_key: when set, every /v1 request needs ``Authorization: Bearer <api_key>`` (or, as Anthropic's
+            clients send it, ``x-api-key: <api_key>``).
         cors_origin: the one browser origin allowed to call the API; no CORS headers without it.
     """
     expected_key = api_key.encode() if api_key else None
@@ -57,10 +65,12 @@ def make_app(
         if expected_key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            given = request.headers.get("x-api-key", "")
         # Constant-time comparison, so response timing does not reveal how much of a guess was right.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected_key):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
-                                "the server was started with", code="invalid_api_key")
+        if not hmac.compare_digest(given.strip().encode(), expected_key):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                                "with the key the server was started with", code="invalid_api_key")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "busy": worker.busy, "queued": worker.queued})
@@ -74,12 +84,30 @@ def make_app(
     async def chat_completions(request: Request) -> Response:
         authorize(request)
         generation = schema.parse_chat_request(await _read_json(request, max_body_bytes))
-        return await _answer(request, worker, generation, schema.ChatFormat(model_name))
+        return await _answer(request, worker, generation,
+                             schema.ChatFormat(model_name, include_usage=generation.include_usage))
 
     async def completions(request: Request) -> Response:
         authorize(request)
         generation = schema.parse_completion_request(await _read_json(request, max_body_bytes))
-        return await _answer(request, worker, generation, schema.CompletionFormat(model_name))
+        return await _answer(request, worker, generation,
+                             schema.CompletionFormat(model_name, include_usage=generation.include_usage))
+
+    async def messages(request: Request) -> Response:
+        authorize(request)
+        generation = anthropic.parse_messages_request(await _read_json(request, max_body_bytes))
+        return await _answer(request, worker, generation, anthropic.MessagesFormat(model_name))
+
+    async def count_tokens(request: Request) -> Response:
+        authorize(request)
+        generation = anthropic.parse_messages_request(await _read_json(request, max_body_bytes), count_only=True)
+        tokens = await asyncio.to_thread(worker.count_tokens, generation)
+        return JSONResponse(anthropic.count_tokens_body(tokens))
+
+    async def responses_api(request: Request) -> Response:
+        authorize(request)
+        generation = responses.parse_responses_request(await _read_json(request, max_body_bytes))
+        return await _answer(request, worker, generation, responses.ResponsesFormat(model_name, generation))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -93,7 +121,7 @@ def make_app(
     if cors_origin:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         ))
     return Starlette(
         routes=[
@@ -101,6 +129,9 @@ def make_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/responses", responses_api, methods=["POST"]),
         ],
         middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
@@ -109,21 +140,27 @@ def make_app(
 
 
 # -- errors ----------------------------------------------------------------------------------------
+def _error_response(request: Request, error: APIError) -> Response:
+    """``error`` in the shape of the API that was asked: Anthropic's under /v1/messages, else OpenAI's."""
+    anthropic_api = request.url.path.startswith("/v1/messages")
+    return JSONResponse(error.anthropic_body() if anthropic_api else error.body(), status_code=error.status)
+
+
 async def _api_error(request: Request, exc: APIError) -> Response:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return _error_response(request, exc)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    # Starlette's own 404 / 405, in OpenAI's shape.
+    # Starlette's own 404 / 405, in the API's shape.
     message = f"{request.method} {request.url.path}: {exc.detail}"
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return JSONResponse(APIError(exc.status_code, message, code=code).body(), status_code=exc.status_code)
+    return _error_response(request, APIError(exc.status_code, message, code=code))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.error("request failed: %s: %s", type(exc).__name__, exc)
     error = APIError(500, f"internal error ({type(exc).__name__}); see the server log", type="server_error")
-    return JSONResponse(error.body(), status_code=500)
+    return _error_response(request, error)
 
 
 async def _read_json(request: Request, limit: int) -> object:
@@ -147,9 +184,9 @@ async def _read_json(request: Request, limit: int) -> object:
 
 
 # -- answering -------------------------------------------------------------------------------------
-async def _answer(
-    request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt: schema.ResponseFormat
-) -> Response:
+async def _answer(request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt) -> Response:
+    """Queue ``generation`` and answer it in ``fmt``, the API's format (``response`` for a whole answer;
+    ``stream_start``, ``stream_event``, ``stream_end`` and ``stream_error`` give (event name, payload) pairs)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -169,20 +206,20 @@ async def _answer(
         if isinstance(first, Failed):
             raise first.error
         if not generation.stream:
-            pieces, event = [], first
-            while isinstance(event, Piece):
-                pieces.append(event.text)
+            answer, event = [], first
+            while isinstance(event, ANSWER_EVENTS):
+                answer.append(event)
                 event = await _next(events, gone, job)
             if isinstance(event, Failed):
                 raise event.error
             if event is not None:
-                return JSONResponse(fmt.response("".join(pieces), event.stats, event.method))
+                return JSONResponse(fmt.response(answer, event))
         if first is None or not generation.stream:
             return Response(status_code=204)  # the client has gone; nothing is sent
     finally:
         gone.cancel()
     # From here on the StreamingResponse watches for the disconnect and cancels the stream.
-    return StreamingResponse(_sse(fmt, generation, first, events, job), media_type="text/event-stream",
+    return StreamingResponse(_sse(fmt, first, events, job), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -204,22 +241,24 @@ async def _next(events: asyncio.Queue, gone: asyncio.Future, job: Job) -> Event 
     return getting.result() if answered else None
 
 
-async def _sse(fmt: schema.ResponseFormat, generation: GenerationRequest, first: Event, events: asyncio.Queue, job: Job):
-    def data(payload: dict) -> str:
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+async def _sse(fmt, first: Event, events: asyncio.Queue, job: Job):
+    def sse(messages: list) -> str:
+        # Anthropic and the Responses API name each event; OpenAI's chat streams do not.
+        return "".join((f"event: {name}\n" if name else "") + f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+                       for name, payload in messages)
 
     try:
-        yield data(fmt.chunk(None, opening=True, with_usage=generation.include_usage))
+        yield sse(fmt.stream_start())
         event = first
-        while isinstance(event, Piece):
-            yield data(fmt.chunk(event.text, with_usage=generation.include_usage))
+        while isinstance(event, ANSWER_EVENTS):
+            yield sse(fmt.stream_event(event))
             event = await events.get()
         if isinstance(event, Failed):
-            yield data(event.error.body())
+            yield sse([fmt.stream_error(event.error)])
             return
-        for payload in fmt.closing_chunks(event.stats, event.method, with_usage=generation.include_usage):
-            yield data(payload)
-        yield "data: [DONE]\n\n"
+        yield sse(fmt.stream_end(event))
+        if fmt.done_marker:
+            yield "data: [DONE]\n\n"
     finally:
         job.cancel()  # a no-op once finished; stops the generation when the client has gone
 

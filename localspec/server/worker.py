@@ -9,6 +9,7 @@ runs the decoder's ``finally``, which leaves both KV caches consistent for the n
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -21,8 +22,12 @@ from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
 from localspec.engine.text import STOP_STRING, stream_text
-from localspec.errors import ContextFullError, LocalspecError, TemplateError, UsageError
+from localspec.errors import ContextFullError, GrammarError, LocalspecError, TemplateError, UsageError
 from localspec.server.schema import APIError, GenerationRequest
+from localspec.tool_calls import (
+    GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
+    detect_syntax, generic_tool_messages,
+)
 from localspec.tui import summary_line
 
 DEFAULT_MAX_QUEUE = 8
@@ -39,6 +44,8 @@ class Piece:
 class Finished:
     stats: GenerationStats
     method: str  # the configured speculation method (per-round methods are in stats)
+    called: bool = False  # the answer called tools (OpenAI's finish_reason "tool_calls")
+    stop: str | None = None  # the stop string that ended the answer, if one did
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class Failed:
     error: APIError
 
 
-Event = Piece | Finished | Failed
+Event = Piece | CallDelta | Finished | Failed
 
 
 class _Cancelled(Exception):
@@ -97,7 +104,12 @@ class GenerationWorker:
         self.decoder = decoder
         self.sampling = sampling
         self.max_tokens = max_tokens
-        self.has_chat_template = bool(decoder.target.metadata.get(TEMPLATE_KEY))
+        template = decoder.target.metadata.get(TEMPLATE_KEY)
+        self.has_chat_template = bool(template)
+        self.tool_syntax = detect_syntax(template) if template else GENERIC
+        if template and self.tool_syntax.generic:
+            log.warning("the chat template of %s defines no tool-call syntax: tools are described in a system "
+                        "message and calls read as <tool_call> JSON (generic format)", decoder.target.path.name)
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
         self._closing = False
@@ -158,6 +170,8 @@ class GenerationWorker:
                 pass
             except APIError as exc:
                 job.emit(Failed(exc))
+            except GrammarError as exc:
+                job.emit(Failed(APIError(400, str(exc), code="invalid_schema")))
             except (UsageError, ContextFullError, TemplateError) as exc:
                 job.emit(Failed(APIError(400, str(exc))))
             except LocalspecError as exc:
@@ -169,13 +183,45 @@ class GenerationWorker:
             finally:
                 self._current = None
 
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
+        try:
+            return len(self._prompt(request))
+        except TemplateError as exc:
+            raise APIError(400, str(exc)) from None
+
     def _prompt(self, request: GenerationRequest) -> list[int]:
         if request.messages is None:
             return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
         if not self.has_chat_template:
             raise APIError(400, f"{self.decoder.target.path.name} has no chat template; "
                                 "send raw text to /v1/completions instead")
-        return Conversation(self.decoder).render(request.messages)
+        messages, tools = request.messages, request.offered_tools
+        if self.tool_syntax.generic:
+            messages = generic_tool_messages(messages, tools)
+        return Conversation(self.decoder).render(messages, tools=None if self.tool_syntax.generic else tools)
+
+    def _constraint(self, request: GenerationRequest):
+        """The grammar a request's answer must follow, or None."""
+        if request.json_schema is None and request.tool_choice not in ("required", "function"):
+            return None
+        # Imported here: llguidance loads only once a request asks for constrained output.
+        from localspec.engine.constraints import (
+            GrammarConstraint, compact_json, json_schema_grammar, special_token_forms,
+        )
+
+        model = self.decoder.target
+        if request.json_schema is not None:
+            grammar = json_schema_grammar(request.json_schema)
+        else:
+            tools = [t for t in request.tools if request.tool_choice == "required"
+                     or t["function"]["name"] == request.tool_name]
+            special = special_token_forms(model, (HERMES_OPEN, HERMES_CLOSE, MISTRAL_OPEN))
+            # An agent's tools cannot be refused for a rare schema keyword; a response format can (it says why).
+            grammar = call_grammar(self.tool_syntax, tools, special=special,
+                                   json_text=functools.partial(compact_json, lenient=True),
+                                   parallel=request.parallel_tool_calls and request.tool_choice == "required")
+        return GrammarConstraint(model, grammar)
 
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
@@ -197,16 +243,30 @@ class GenerationWorker:
                 raise _Cancelled
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                 prefill_progress=abandon_if_cancelled)
-        def stopped_by_string() -> None:
-            decoder.stats.stop_reason = STOP_STRING
+                                 prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
+        names = {t["function"]["name"] for t in request.offered_tools}
+        parser = ToolCallParser(self.tool_syntax, names) if names else None
 
-        with closing(stream_text(decoder.target, steps, stop=request.stop, on_stop=stopped_by_string)) as pieces:
+        def emit(deltas) -> None:
+            for delta in deltas:
+                if isinstance(delta, TextDelta):
+                    job.emit(Piece(delta.text))
+                elif delta.index == 0 or request.parallel_tool_calls:  # else only the first call is answered
+                    job.emit(delta)
+
+        stop = None
+        with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
             for piece in pieces:
                 if job.cancelled:
                     return
-                job.emit(Piece(piece.text))
+                stop = piece.stop
+                if stop:
+                    decoder.stats.stop_reason = STOP_STRING  # the round may also have used up the budget
+                if piece.text:
+                    emit(parser.feed(piece.text) if parser else [TextDelta(piece.text)])
+        if parser:
+            emit(parser.finish())
         stats = decoder.stats
-        job.emit(Finished(stats, decoder.controller.method))
-        log.info("%d prompt tokens (%d reused) | %s", stats.prompt_tokens, stats.prompt_tokens - stats.prefill_tokens,
-                 summary_line(stats))
+        job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
+        log.info("%s | %d prompt tokens (%d reused) | %s", request.api, stats.prompt_tokens,
+                 stats.prompt_tokens - stats.prefill_tokens, summary_line(stats))
