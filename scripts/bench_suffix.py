@@ -2,7 +2,9 @@
 """Times suffix decoding's lookup (engine/suffix.py) on a large synthetic answer history.
 
 Prints the index build time, its memory, and the time of one ``propose`` (one round's lookup) for
-contexts taken from stored answers (long matches, many occurrences) and for unseen ones.
+contexts taken from stored answers (long matches, many occurrences) and for unseen ones. Each draft's
+outcome is fed back with ``record`` (a random number of its tokens accepted), as the decoder does after
+verifying, so the lookups pay for scoring by outcomes too; ``record``'s own time is printed beside.
 
     scripts/bench_suffix.py --tokens 10000000
 """
@@ -59,18 +61,22 @@ def main() -> None:
         ("context from a stored answer", lambda: _stored_context(history, ends, rng)),
         ("unseen context", lambda: rng.integers(0, VOCAB, size=200).tolist()),
     ):
-        times, drafted = [], 0
+        times, record_times, drafted = [], [], 0
         for _ in range(args.lookups):
             context = make_context()
             t = time.perf_counter()
             draft = index.propose(context, args.draft)
             times.append(time.perf_counter() - t)
             drafted += len(draft.tokens)
+            t = time.perf_counter()
+            index.record(draft.sources, int(rng.integers(0, len(draft.tokens) + 1)))
+            record_times.append(time.perf_counter() - t)
         times_us = np.array(times) * 1e6
         print(
             f"{label}: median {np.median(times_us):.0f} us, p90 {np.percentile(times_us, 90):.0f} us, "
             f"p99 {np.percentile(times_us, 99):.0f} us, "
-            f"max {times_us.max():.0f} us; {drafted / args.lookups:.1f} tokens drafted on average"
+            f"max {times_us.max():.0f} us; {drafted / args.lookups:.1f} tokens drafted on average; "
+            f"record median {np.median(record_times) * 1e6:.0f} us"
         )
 
 

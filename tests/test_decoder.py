@@ -297,6 +297,33 @@ def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, basel
     assert rejected > 0
 
 
+def test_suffix_drafts_scored_by_how_they_fared_leave_greedy_output_unchanged(tiny_target, baselines):
+    """Each suffix draft's verification is fed back to the index, which drafts differently from then on
+    (rejected continuations cut or outvoted), and every generation still emits target-alone's tokens."""
+    store = HistoryStore(None)
+    for prompt, expected in baselines:
+        for _ in range(3):  # a wrong continuation with a majority, rejected until its outcomes outweigh it
+            store.add(prompt, [(t + 1) % 200 if i % 8 == 7 else t for i, t in enumerate(expected)])
+    fed_back = []
+    record = store.index.record
+
+    def spy(sources, accepted):
+        fed_back.append((len(sources), accepted))
+        record(sources, accepted)
+
+    store.index.record = spy
+    decoder = make_decoder(tiny_target)
+    decoder.history = store
+    suffix_rounds = []
+    for _ in range(3):
+        for prompt, expected in baselines:
+            steps = list(decoder.generate(prompt, max_tokens=48))
+            assert [t for step in steps for t in step.tokens] == expected
+            suffix_rounds += [(step.drafted, step.accepted) for step in steps if step.method == "suffix"]
+    assert fed_back == suffix_rounds  # every suffix round, its drafted tokens' sources and how many passed
+    assert any(accepted < drafted for drafted, accepted in fed_back), "no rejection was scored: the test proved nothing"
+
+
 def test_sampled_output_with_suffix_drafts_follows_target_distribution(sampling_case):
     target, _, prompt, dist = sampling_case
     decoder = make_decoder(target, method="auto", draft_len=2)

@@ -76,6 +76,19 @@ def test_a_store_not_learning_keeps_what_it_has(history_file):
     assert len(store) == 0 and not history_file.exists()
 
 
+def test_draft_outcomes_are_scored_only_while_learning(history_file):
+    store = HistoryStore(history_file)
+    store.add([], [1, 2, 3, 4, 5, 6])
+    store.learning = False
+    for _ in range(3):
+        store.record(store.index.propose([1, 2, 3], 8).sources, accepted=1)
+    assert store.index.propose([1, 2, 3], 8).tokens == [4, 5, 6]  # the benchmark's repeats see the same drafts
+    store.learning = True
+    for _ in range(3):
+        store.record(store.index.propose([1, 2, 3], 8).sources, accepted=1)
+    assert store.index.propose([1, 2, 3], 8).tokens == [4]
+
+
 def test_tokenizer_identity_follows_the_vocabulary_not_the_weights(make_tiny_model, tiny_target, tiny_draft):
     def identity(path):
         return tokenizer_identity(LlamaModel(path, vocab_only=True))

@@ -1,5 +1,5 @@
-"""Suffix decoding's index: matches in earlier answers, continuations chosen by count, drafts cut where
-the count drops."""
+"""Suffix decoding's index: matches in earlier answers, continuations chosen by count and by how they fared
+when verified, drafts cut where the score drops."""
 
 from __future__ import annotations
 
@@ -64,6 +64,42 @@ def test_only_the_most_recent_occurrences_vote():
     assert index.propose([1, 2, 3], 4).tokens == [5]  # with the older ones too, a tie would draft 4
 
 
+def test_a_continuation_rejected_again_and_again_is_cut_where_it_fails():
+    index = make_index([10, 11, 1, 2, 3, 4, 5, 6, 7])
+    assert index.propose([1, 2, 3], 8).sources == [5, 6, 7, 8]  # where in the history each token comes from
+    for rejected in range(4):
+        draft = index.propose([1, 2, 3], 8)
+        # One rejection halves the score (every occurrence agrees on the token), the third cuts the draft.
+        assert draft.tokens == ([4, 5, 6, 7] if rejected < 3 else [4]), rejected
+        index.record(draft.sources, accepted=1)  # 4 accepted, 5 rejected, 6 and 7 never verified
+    assert index.propose([1, 2, 3], 8).tokens == [4]  # what is no longer drafted keeps its outcomes
+    assert index.propose([4, 5, 6], 8).tokens == [7]  # never rejected: it still drafts
+
+
+def test_a_rejected_continuation_gives_way_to_the_competing_one():
+    index = make_index([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9])
+    draft = index.propose([1, 2, 3], 8)
+    assert draft.tokens == [4, 5, 6]
+    for _ in range(2):
+        index.record(draft.sources, accepted=1)
+    # Two occurrences against one, but the two were rejected twice: the one still scores its share, 1/3.
+    assert index.propose([1, 2, 3], 8).tokens == [4, 9, 9]
+
+
+def test_a_continuation_accepted_before_drafts_past_a_split_its_share_alone_would_stop():
+    index = make_index([1, 2, 3, 4, 5, 6], min_score=0.5)
+    draft = index.propose([1, 2, 3], 8)
+    index.record(draft.sources, accepted=len(draft.tokens))
+    index.add([1, 2, 3, 4, 7, 7])
+    index.add([1, 2, 3, 4, 8, 8])
+    assert index.propose([1, 2, 3], 8).tokens == [4, 5, 6]  # a third of the votes, but it was accepted
+    assert make_index([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 7], [1, 2, 3, 4, 8, 8], min_score=0.5).propose(
+        [1, 2, 3], 8
+    ).tokens == [4]
+
+
 def test_bad_knobs_are_refused():
     with pytest.raises(ValueError, match="min_score"):
         SuffixIndex(min_score=0.0)
+    with pytest.raises(ValueError, match="prior_weight"):
+        SuffixIndex(prior_weight=0.0)

@@ -176,7 +176,7 @@ class SpeculativeDecoder:
             return None
         forced = self.constraint.forced() if self.constraint is not None and controller.method != "none" else []
         lookup_tokens = self.lookup.propose(controller.lookup_max) if controller.method != "none" else []
-        suffix = SuffixDraft([], 0)
+        suffix = SuffixDraft([], 0, [])
         if self.history is not None and controller.method == "auto" and not forced:
             suffix = self.history.index.propose(context, controller.lookup_max)
         plan: Plan = Plan("grammar", len(forced), len(forced), 0.0) if forced else controller.plan(
@@ -225,6 +225,8 @@ class SpeculativeDecoder:
         if method != "grammar":  # forced drafts say nothing about how well lookup or the draft model guess
             match_len = suffix.match_len if method == "suffix" else self.lookup.last_match_len
             controller.record_round(method, match_len, drafted, accepted)
+        if method == "suffix":
+            self.history.record(suffix.sources[:drafted], accepted)
         stats.record_round(method, drafted, accepted)
         stats.draft_s += draft_s
         stats.verify_s += verify_s

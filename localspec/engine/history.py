@@ -63,7 +63,8 @@ class HistoryStore:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.path = path
         self.max_tokens = max_tokens
-        self.learning = True  # the benchmark turns it off while it repeats a request
+        # The benchmark turns it off while it repeats a request: no answers and no draft outcomes are learnt.
+        self.learning = True
         self.index = SuffixIndex(np.zeros(0, np.int32) if path is None else _newest(read_tokens(path), max_tokens))
 
     def __len__(self) -> int:
@@ -78,6 +79,12 @@ class HistoryStore:
             # Down to 7/8 of the bound, so the rebuild this costs is not repeated with every answer.
             self.index = SuffixIndex(_newest(self.index.tokens, self.max_tokens * 7 // 8))
         self.save()
+
+    def record(self, sources: Sequence[int], accepted: int) -> None:
+        """Remember how a suffix draft fared (see ``SuffixIndex.record``): in memory only, until the session ends
+        or the oldest answers are dropped (the index is then rebuilt without outcomes)."""
+        if self.learning:
+            self.index.record(sources, accepted)
 
     def save(self) -> None:
         """Write the history; a failed write is skipped (the history only speeds things up)."""

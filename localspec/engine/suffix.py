@@ -1,15 +1,22 @@
-"""Suffix decoding: draft from earlier answers of the same model, scored by how often each continuation followed.
+"""Suffix decoding: draft from earlier answers of the same model, scored by how often each continuation
+followed and how it fared when drafted before.
 
 Agents and scripted pipelines repeat themselves across requests (tool-call JSON, SQL over one schema, the
 same edit to several files), so the answers of earlier requests predict the current one where the current
 context alone (prompt lookup) does not. After SuffixDecoding (arXiv 2411.04975), the index finds the earlier
-places where the context's suffix occurred, and drafts the continuation most of them share: at each token
-where they disagree, the most frequent branch is taken and the draft's score (the share of occurrences
-still agreeing) drops; the draft stops once it falls below ``DEFAULT_MIN_SCORE``. It drafts the best
-branch only, not a token tree: a tree needs several sequence ids in one verifying pass, which the
-backend's exact kernels and KV rollback are not written for, and what it could add is bounded by the
-share of occurrences on the branches not taken; whether that is worth it is for a measurement on the
-agent-repeat bench slice to show.
+places where the context's suffix occurred, and drafts the continuation best supported: the draft's
+score is the product of its tokens' estimated acceptance, each the mean of a Beta posterior whose prior has
+as mean the share of the occurrences agreeing so far that agree on the token too, and counts as
+``DEFAULT_PRIOR_WEIGHT`` verifications. The evidence is how the continuation fared when drafted before: the
+decoder reports each verification (``record``: accepted and rejected tokens, per stored position drafted
+from, kept in memory for the session). Never drafted, the score is the share of occurrences still agreeing;
+rejected again and again, a continuation is cut there or gives way to a competing branch; accepted, it
+drafts past splits its share alone would stop at. Where occurrences disagree the best-scoring branch is
+taken, and the draft stops once its score would fall below ``DEFAULT_MIN_SCORE``. Only what is drafted
+changes; verification still decides every token. It drafts the best branch only, not a token tree: a
+tree needs several sequence ids in one verifying pass, which the backend's exact kernels and KV rollback
+are not written for, and what it could add is bounded by the share of occurrences on the branches not
+taken; whether that is worth it is for a measurement on the agent-repeat bench slice to show.
 
 The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 160 MB and a
 lookup costs about 0.1 ms (``scripts/bench_suffix.py``). Each position is keyed by a hash of the
@@ -35,6 +42,9 @@ DEFAULT_MAX_OCCURRENCES = 64
 MAX_MATCH = 32
 TRUSTED_MATCH = 8
 DEFAULT_MIN_SCORE = 0.3
+# How many verifications the occurrences' share weighs as (the Beta prior's count): one rejection halves
+# the score of a continuation every occurrence shares, three cut it below DEFAULT_MIN_SCORE.
+DEFAULT_PRIOR_WEIGHT = 1.0
 DEFAULT_MAX_DRAFT = 64
 # The recent table is folded into the sorted one once it holds this share of the tokens.
 MERGE_SHARE = 0.125
@@ -44,11 +54,21 @@ _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 
 @dataclass(frozen=True)
 class SuffixDraft:
-    """A draft from the index: ``tokens``, and ``match_len``, how many context tokens the occurrences it
-    continues matched (up to ``MAX_MATCH``). Empty when the context's last ``KEY_LEN`` tokens never occurred."""
+    """A draft from the index: ``tokens``; ``match_len``, how many context tokens the occurrences it
+    continues matched (up to ``MAX_MATCH``); ``sources``, the stored position each token is drafted from
+    (for ``SuffixIndex.record``). Empty when the context's last ``KEY_LEN`` tokens never occurred."""
 
     tokens: list[int]
     match_len: int
+    sources: list[int]
+
+
+
+def _outcome_factor(accepted, rejected, share, weight: float):
+    """What a continuation's verification outcomes multiply its share by: the mean of its acceptance's Beta
+    posterior, whose prior has the share as mean and ``weight`` as count, over the share (1 when unverified)."""
+    verified = accepted + rejected
+    return np.where(verified > 0, (accepted + weight * share) / (share * (verified + weight)), 1.0)
 
 
 def _keys(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -85,7 +105,7 @@ class SuffixIndex:
 
     Args:
         tokens: the stored answers, each ending with ``SEPARATOR``.
-        max_occurrences, min_score, max_draft: see the module constants.
+        max_occurrences, min_score, prior_weight, max_draft: see the module constants.
     """
 
     def __init__(
@@ -94,18 +114,26 @@ class SuffixIndex:
         *,
         max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
         min_score: float = DEFAULT_MIN_SCORE,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         max_draft: int = DEFAULT_MAX_DRAFT,
     ) -> None:
         if not 0.0 < min_score <= 1.0:
             raise ValueError(f"min_score must be in (0, 1], got {min_score}")
+        if prior_weight <= 0.0:
+            raise ValueError(f"prior_weight must be positive, got {prior_weight}")
         self.max_occurrences = max_occurrences
         self.min_score = min_score
+        self.prior_weight = prior_weight
         self.max_draft = max_draft
         self._tokens = np.asarray(tokens, dtype=np.int32)
         self._size = len(self._tokens)
         self._sorted = _Table(self._tokens, 0, self._size)
         self._recent = _Table(self._tokens, self._size, self._size)
         self._recent_start = self._size
+        # Verification outcomes, [accepted, rejected] per stored position drafted from (sorted): only
+        # drafted positions, not an array as long as the history.
+        self._verified_at = np.zeros(0, dtype=np.int64)
+        self._outcomes = np.zeros((0, 2), dtype=np.int64)
 
     def __len__(self) -> int:
         return self._size
@@ -137,12 +165,12 @@ class SuffixIndex:
         count = min(max_tokens, self.max_draft)
         tail = np.asarray(context[-MAX_MATCH:], dtype=np.int64)
         if count <= 0 or len(tail) < KEY_LEN or self._size == 0:
-            return SuffixDraft([], 0)
+            return SuffixDraft([], 0, [])
         key = _keys(tail, np.array([len(tail)]))[0]
         limit = self.max_occurrences
         found = np.concatenate((self._sorted.occurrences(key, limit), self._recent.occurrences(key, limit)))
         if len(found) == 0:
-            return SuffixDraft([], 0)
+            return SuffixDraft([], 0, [])
         tokens = self._tokens
         found = found[-limit:].astype(np.int64)
         # How far back each occurrence matches the context (a hash collision matches less than KEY_LEN).
@@ -152,39 +180,89 @@ class SuffixIndex:
         match = np.where(same.all(axis=1), len(tail), same.argmin(axis=1))
         longest = int(match.max())
         if longest < KEY_LEN:
-            return SuffixDraft([], 0)
+            return SuffixDraft([], 0, [])
         voters = found[match >= min(longest, TRUSTED_MATCH)]
-        return SuffixDraft(self._follow(voters, count), longest)
+        tokens, sources = self._follow(voters, count)
+        return SuffixDraft(tokens, longest, sources)
 
-    def _follow(self, starts: np.ndarray, count: int) -> list[int]:
-        """The continuation most of ``starts`` share, cut where the share still agreeing drops below min_score."""
+    def record(self, sources: Sequence[int], accepted: int) -> None:
+        """Remember how a draft fared: of the tokens drafted from ``sources`` (a ``SuffixDraft``'s, in order),
+        the first ``accepted`` were accepted and the next one, if any, rejected (later ones were not verified)."""
+        verified = np.asarray(sources[: accepted + 1], dtype=np.int64)
+        at = np.searchsorted(self._verified_at, verified)
+        known = at < len(self._verified_at)
+        known[known] = self._verified_at[at[known]] == verified[known]
+        # A draft's sources need not ascend (they come from several answers), nor, in a repetitive answer, differ.
+        fresh = np.unique(verified[~known])
+        if len(fresh):
+            where = np.searchsorted(self._verified_at, fresh)
+            self._verified_at = np.insert(self._verified_at, where, fresh)
+            self._outcomes = np.insert(self._outcomes, where, 0, axis=0)
+            at = np.searchsorted(self._verified_at, verified)
+        np.add.at(self._outcomes, (at[:accepted], 0), 1)
+        np.add.at(self._outcomes, (at[accepted:], 1), 1)
+
+    def _outcomes_at(self, positions: np.ndarray) -> np.ndarray | None:
+        """[accepted, rejected] at each of ``positions`` (a trailing axis of 2); None while nothing is recorded."""
+        if len(self._verified_at) == 0:
+            return None
+        at = np.minimum(np.searchsorted(self._verified_at, positions), len(self._verified_at) - 1)
+        return np.where((self._verified_at[at] == positions)[..., None], self._outcomes[at], 0)
+
+    def _follow(self, starts: np.ndarray, count: int) -> tuple[list[int], list[int]]:
+        """The continuation ``starts`` best support and the stored positions it is drafted from, cut where its
+        score (the share of occurrences still agreeing, times their outcome factors) drops below min_score."""
         ahead = starts[:, None] + np.arange(count)
         rows = np.where(ahead < self._size, self._tokens[np.minimum(ahead, self._size - 1)], SEPARATOR)
         if len(rows) > 1:
             # Sorted as byte strings, so rows sharing a prefix are adjacent (8x faster than np.lexsort).
             keys = np.ascontiguousarray(rows, dtype=">i4").view(np.dtype((np.void, 4 * count))).ravel()
-            rows = rows[np.argsort(keys)]
+            order = np.argsort(keys)
+            rows, ahead = rows[order], ahead[order]
+        outcomes = self._outcomes_at(ahead)
+        weight = self.prior_weight
         lo, hi, total = 0, len(rows), len(rows)
+        boost = 1.0  # the product of the outcome factors so far: the score is (hi - lo) / total * boost
         draft: list[int] = []
+        sources: list[int] = []
         j = 0
         while j < count:
             column = rows[lo:hi, j]
+            first = j  # the first column whose outcomes are still to be weighed
             if column[0] != column[-1]:
                 # The rows agree up to column j, so each continuation is a run of this column.
                 bounds = [0, *(np.flatnonzero(column[1:] != column[:-1]) + 1).tolist(), len(column)]
+                runs = [(lo + a, lo + b) for a, b in zip(bounds, bounds[1:])]
+                factors = [1.0] * len(runs)
+                if outcomes is not None:
+                    factors = [
+                        float(_outcome_factor(*outcomes[a:b, j].sum(axis=0), (b - a) / (hi - lo), weight))
+                        for a, b in runs
+                    ]
                 # ties: the first run in sorted order, deterministically
-                best = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
-                if bounds[best + 1] - bounds[best] < self.min_score * total:
-                    break  # the share of occurrences still agreeing would fall below min_score
-                lo, hi = lo + bounds[best], lo + bounds[best + 1]
+                best = max(range(len(runs)), key=lambda i: (runs[i][1] - runs[i][0]) * factors[i])
+                (lo, hi), boost = runs[best], boost * factors[best]
+                if (hi - lo) * boost < self.min_score * total:
+                    break  # the score would fall below min_score
+                first = j + 1
             # Rows lo..hi agree on column j; sorted, they agree up to where their first and last differ.
             differs = np.flatnonzero(rows[lo, j:] != rows[hi - 1, j:])
             end = j + int(differs[0]) if len(differs) else count
-            run = rows[lo, j:end]
-            stop = np.flatnonzero(run == SEPARATOR)
-            if len(stop):
-                draft += run[: stop[0]].tolist()
+            separator = np.flatnonzero(rows[lo, j:end] == SEPARATOR)
+            cut = len(separator) > 0
+            if cut:
+                end = j + int(separator[0])
+            if outcomes is not None and first < end:
+                # All rows agree on these columns (a share of 1), so only outcomes can lower the score.
+                scores = boost * np.cumprod(_outcome_factor(*outcomes[lo:hi, first:end].sum(axis=0).T, 1.0, weight))
+                low = np.flatnonzero((hi - lo) * scores < self.min_score * total)
+                if len(low):
+                    end, cut = first + int(low[0]), True
+                else:
+                    boost = float(scores[-1])
+            draft += rows[lo, j:end].tolist()
+            sources += ahead[lo:hi, j:end].max(axis=0).tolist()  # the newest occurrence: the last to leave the voters
+            if cut:
                 break
-            draft += run.tolist()
             j = end
-        return draft
+        return draft, sources
