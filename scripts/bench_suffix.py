@@ -53,7 +53,7 @@ def main() -> None:
     index = SuffixIndex(history)
     build = time.perf_counter() - start
     table = index._sorted  # noqa: SLF001 - the script reports the index's own memory
-    memory = history.nbytes + table.keys.nbytes + table.positions.nbytes
+    memory = history.nbytes + table.keys.nbytes + table.positions.nbytes + index._outcomes.nbytes  # noqa: SLF001
     print(f"{len(index):,} tokens: built in {build:.2f} s, {memory / 1e6:.0f} MB")
 
     ends = np.flatnonzero(history == SEPARATOR)

@@ -18,10 +18,10 @@ tree needs several sequence ids in one verifying pass, which the backend's exact
 are not written for, and what it could add is bounded by the share of occurrences on the branches not
 taken; whether that is worth it is for a measurement on the agent-repeat bench slice to show.
 
-The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 160 MB and a
-lookup costs about 0.1 ms (``scripts/bench_suffix.py``). Each position is keyed by a hash of the
-``KEY_LEN`` tokens before it; the keys are sorted once, and answers added later go into a small second
-table that is folded into the first when it grows.
+The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 180 MB (20 MB of
+it the outcomes) and a lookup costs about 0.1 ms (median, ``scripts/bench_suffix.py``). Each position is
+keyed by a hash of the ``KEY_LEN`` tokens before it; the keys are sorted once, and answers added later go
+into a small second table that is folded into the first when it grows.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class SuffixDraft:
 
 def _outcome_factor(accepted, rejected, share, weight: float):
     """What a continuation's verification outcomes multiply its share by: the mean of its acceptance's Beta
-    posterior, whose prior has the share as mean and ``weight`` as count, over the share (1 when unverified)."""
-    verified = accepted + rejected
-    return np.where(verified > 0, (accepted + weight * share) / (share * (verified + weight)), 1.0)
+    posterior, whose prior has the share as mean and ``weight`` as count, over the share (exactly 1 when
+    unverified: w*s / (s*w))."""
+    return (accepted + weight * share) / (share * (accepted + rejected + weight))
 
 
 def _keys(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -130,10 +130,12 @@ class SuffixIndex:
         self._sorted = _Table(self._tokens, 0, self._size)
         self._recent = _Table(self._tokens, self._size, self._size)
         self._recent_start = self._size
-        # Verification outcomes, [accepted, rejected] per stored position drafted from (sorted): only
-        # drafted positions, not an array as long as the history.
-        self._verified_at = np.zeros(0, dtype=np.int64)
-        self._outcomes = np.zeros((0, 2), dtype=np.int64)
+        # Verification outcomes per stored position drafted from, [accepted, rejected], a byte each that
+        # saturates (past a few, more of one outcome hardly moves a score): 2 bytes a token beside the 16 of
+        # the tokens, keys and positions, and one gather per lookup (sorted arrays of only the drafted
+        # positions cost more in np.insert per round than this costs in memory).
+        self._outcomes = np.zeros((len(self._tokens), 2), dtype=np.uint8)
+        self._any_outcome = False
 
     def __len__(self) -> int:
         return self._size
@@ -153,6 +155,9 @@ class SuffixIndex:
             grown = np.empty(max(end, 2 * len(self._tokens)), dtype=np.int32)
             grown[: self._size] = self._tokens[: self._size]
             self._tokens = grown
+            outcomes = np.zeros((len(grown), 2), dtype=np.uint8)
+            outcomes[: self._size] = self._outcomes[: self._size]
+            self._outcomes = outcomes
         self._tokens[self._size : end] = new
         self._size = end
         if end - self._recent_start > max(MIN_MERGE_TOKENS, MERGE_SHARE * end):
@@ -189,25 +194,17 @@ class SuffixIndex:
         """Remember how a draft fared: of the tokens drafted from ``sources`` (a ``SuffixDraft``'s, in order),
         the first ``accepted`` were accepted and the next one, if any, rejected (later ones were not verified)."""
         verified = np.asarray(sources[: accepted + 1], dtype=np.int64)
-        at = np.searchsorted(self._verified_at, verified)
-        known = at < len(self._verified_at)
-        known[known] = self._verified_at[at[known]] == verified[known]
-        # A draft's sources need not ascend (they come from several answers), nor, in a repetitive answer, differ.
-        fresh = np.unique(verified[~known])
-        if len(fresh):
-            where = np.searchsorted(self._verified_at, fresh)
-            self._verified_at = np.insert(self._verified_at, where, fresh)
-            self._outcomes = np.insert(self._outcomes, where, 0, axis=0)
-            at = np.searchsorted(self._verified_at, verified)
-        np.add.at(self._outcomes, (at[:accepted], 0), 1)
-        np.add.at(self._outcomes, (at[accepted:], 1), 1)
+        rejected = (np.arange(len(verified)) >= accepted).astype(np.int64)  # the column: 0 accepted, 1 rejected
+        counts = self._outcomes[verified, rejected]
+        self._outcomes[verified, rejected] = np.minimum(counts, 254) + 1
+        self._any_outcome |= len(verified) > 0
 
-    def _outcomes_at(self, positions: np.ndarray) -> np.ndarray | None:
-        """[accepted, rejected] at each of ``positions`` (a trailing axis of 2); None while nothing is recorded."""
-        if len(self._verified_at) == 0:
-            return None
-        at = np.minimum(np.searchsorted(self._verified_at, positions), len(self._verified_at) - 1)
-        return np.where((self._verified_at[at] == positions)[..., None], self._outcomes[at], 0)
+    def _outcomes_at(self, positions: np.ndarray) -> np.ndarray:
+        """[accepted, rejected] at each of ``positions`` (a trailing axis of 2)."""
+        if not self._any_outcome:
+            return np.zeros((*positions.shape, 2), dtype=np.uint8)
+        # Past the end: the last separator's, never drafted from.
+        return self._outcomes[np.minimum(positions, self._size - 1)]
 
     def _follow(self, starts: np.ndarray, count: int) -> tuple[list[int], list[int]]:
         """The continuation ``starts`` best support and the stored positions it is drafted from, cut where its
@@ -218,8 +215,9 @@ class SuffixIndex:
             # Sorted as byte strings, so rows sharing a prefix are adjacent (8x faster than np.lexsort).
             keys = np.ascontiguousarray(rows, dtype=">i4").view(np.dtype((np.void, 4 * count))).ravel()
             order = np.argsort(keys)
-            rows, ahead = rows[order], ahead[order]
-        outcomes = self._outcomes_at(ahead)
+            rows, starts = rows[order], starts[order]
+        outcomes = self._outcomes_at(starts[:, None] + np.arange(count))
+        verified = outcomes.max(axis=0).any(axis=1)  # per column: whether any token there was verified before
         weight = self.prior_weight
         lo, hi, total = 0, len(rows), len(rows)
         boost = 1.0  # the product of the outcome factors so far: the score is (hi - lo) / total * boost
@@ -232,16 +230,15 @@ class SuffixIndex:
             if column[0] != column[-1]:
                 # The rows agree up to column j, so each continuation is a run of this column.
                 bounds = [0, *(np.flatnonzero(column[1:] != column[:-1]) + 1).tolist(), len(column)]
-                runs = [(lo + a, lo + b) for a, b in zip(bounds, bounds[1:])]
-                factors = [1.0] * len(runs)
-                if outcomes is not None:
-                    factors = [
-                        float(_outcome_factor(*outcomes[a:b, j].sum(axis=0), (b - a) / (hi - lo), weight))
-                        for a, b in runs
-                    ]
+                sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+                factors = [1.0] * len(sizes)
+                if verified[j]:
+                    accepted, rejected = np.add.reduceat(outcomes[lo:hi, j], bounds[:-1], dtype=np.int64).T
+                    factors = _outcome_factor(accepted, rejected, np.divide(sizes, hi - lo), weight).tolist()
                 # ties: the first run in sorted order, deterministically
-                best = max(range(len(runs)), key=lambda i: (runs[i][1] - runs[i][0]) * factors[i])
-                (lo, hi), boost = runs[best], boost * factors[best]
+                best = max(range(len(sizes)), key=lambda i: sizes[i] * factors[i])
+                lo, hi = lo + bounds[best], lo + bounds[best + 1]
+                boost *= factors[best]
                 if (hi - lo) * boost < self.min_score * total:
                     break  # the score would fall below min_score
                 first = j + 1
@@ -252,16 +249,18 @@ class SuffixIndex:
             cut = len(separator) > 0
             if cut:
                 end = j + int(separator[0])
-            if outcomes is not None and first < end:
+            if verified[first:end].any():
                 # All rows agree on these columns (a share of 1), so only outcomes can lower the score.
-                scores = boost * np.cumprod(_outcome_factor(*outcomes[lo:hi, first:end].sum(axis=0).T, 1.0, weight))
+                accepted, rejected = outcomes[lo:hi, first:end].sum(axis=0, dtype=np.int64).T
+                scores = boost * np.cumprod(_outcome_factor(accepted, rejected, 1.0, weight))
                 low = np.flatnonzero((hi - lo) * scores < self.min_score * total)
                 if len(low):
                     end, cut = first + int(low[0]), True
                 else:
                     boost = float(scores[-1])
             draft += rows[lo, j:end].tolist()
-            sources += ahead[lo:hi, j:end].max(axis=0).tolist()  # the newest occurrence: the last to leave the voters
+            newest = int(starts[lo:hi].max())  # the occurrence drafted from: the last to leave the voters
+            sources += range(newest + j, newest + end)
             if cut:
                 break
             j = end
