@@ -63,7 +63,6 @@ class SuffixDraft:
     sources: list[int]
 
 
-
 def _outcome_factor(accepted, rejected, share, weight: float):
     """What a continuation's verification outcomes multiply its share by: the mean of its acceptance's Beta
     posterior, whose prior has the share as mean and ``weight`` as count, over the share (exactly 1 when
