@@ -218,9 +218,9 @@ def tool_step(client: openai.OpenAI, history: list[dict], tool_choice, max_token
 
 
 def tool_agent_session(model_args: list[str], write_tokens: int) -> None:
-    file = inventory_file()
     results: dict[str, list[list[dict]]] = {}
     for method in ("auto", "none"):
+        file = inventory_file()  # each method edits its own copy, so both read the same file each turn
         history: list[dict] = [{"role": "system", "content": "You are a careful coding agent. Use the tools."}]
         with serving(model_args, method) as client:
             for turn, edit in enumerate(EDITS, start=1):
