@@ -34,8 +34,11 @@ _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\
 # an answer starting with "{" or "`" is held back this many characters at most to tell.
 _BARE_CALL = re.compile(r'(```[A-Za-z]*[ \t]*\n)?\s*\{\s*"name"\s*:')
 _BARE_CALL_LOOKAHEAD = 32
-_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
-_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
+_XML_NAME = r"[^>\s]+"
+_XML_FUNCTION = re.compile(rf"<function=({_XML_NAME})>(.*?)</function>", re.S)
+_XML_PARAMETER = re.compile(rf"<parameter=({_XML_NAME})>\n?(.*?)\n?</parameter>", re.S)
+# A Qwen3-Coder value is read up to the first closing tag, so a forced value may hold none of them.
+_XML_VALUE = r"/(?s:.*)/ & ~/(?s:.*)<\/(parameter|function|tool_call)>(?s:.*)/"
 GENERIC_INSTRUCTIONS = (
     "You can call functions. Their signatures, as JSON, are:\n{tools}\n\n"
     "To call one, answer with a JSON object inside tags, one per call:\n"
@@ -160,12 +163,14 @@ class ToolCallParser:
     streams its arguments as they come (all but the wrapper's closing brace); other syntaxes give each
     call whole when it closes or the answer ends. Like llama.cpp, a hermes answer that *starts* with a
     bare or fenced ``{"name": ...}`` object is a call too (Qwen2.5-Coder answers that way). A call naming
-    none of ``names`` is not a call: its text, wrapper included, is the answer's text.
+    none of ``tools`` (OpenAI function tools; None: any name) is not a call: its text, wrapper included,
+    is the answer's text. Their schemas say which Qwen3-Coder values are bare strings.
     """
 
-    def __init__(self, syntax: ToolSyntax, names: set[str] | None = None) -> None:
+    def __init__(self, syntax: ToolSyntax, tools: list[dict] | None = None) -> None:
         self.syntax = syntax
-        self.names = names
+        self.names = None if tools is None else {t["function"]["name"] for t in tools}
+        self._bare = {t["function"]["name"]: _bare_strings(t["function"]) for t in tools or ()}
         self.calls = 0
         self._held = ""
         # "start" (a call may open the answer), "text", "prose" (text that cannot hold a call),
@@ -298,7 +303,7 @@ class ToolCallParser:
             self._named = False
 
     def _emit_whole(self, out: list[Delta], block: str) -> None:
-        calls = _whole_calls(self.syntax, block)
+        calls = _whole_calls(self.syntax, block, self._bare)
         if not calls or (self.names is not None and any(name not in self.names for name, _ in calls)):
             if block.strip():
                 out.append(TextDelta(self._entry + block))  # not a call after all: the answer's text
@@ -308,10 +313,14 @@ class ToolCallParser:
             self.calls += 1
 
 
-def _whole_calls(syntax: ToolSyntax, block: str) -> list[tuple[str, str]]:
-    """(name, arguments as JSON text) of each call written in ``block``; [] when it is not a call."""
+def _whole_calls(syntax: ToolSyntax, block: str, bare: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(name, arguments as JSON text) of each call written in ``block``; [] when it is not a call.
+
+    ``bare``: per function, the Qwen3-Coder parameters whose values are strings written as they are.
+    """
     if syntax.family == "qwen3-coder":
-        return [(name, json.dumps({p: _xml_value(v) for p, v in _XML_PARAMETER.findall(body)}, ensure_ascii=False))
+        return [(name, json.dumps({p: v if p in bare.get(name, ()) else _xml_value(v)
+                                   for p, v in _XML_PARAMETER.findall(body)}, ensure_ascii=False))
                 for name, body in _XML_FUNCTION.findall(block)]
     if syntax.family == "mistral" and MISTRAL_ARGS in block:
         # Newer Mistral templates (Devstral, Small 3.2): NAME[ARGS]{...}, each call after its own [TOOL_CALLS].
@@ -349,6 +358,22 @@ def _xml_value(text: str):
         return text
 
 
+def _listed(schema: dict) -> list | None:
+    """The values ``schema`` allows by listing them (its enum or const), or None."""
+    return schema.get("enum", [schema["const"]] if "const" in schema else None)
+
+
+def _bare_string(schema: dict) -> bool:
+    """Whether Qwen3-Coder writes a value of ``schema`` bare (a string) rather than as JSON."""
+    values = _listed(schema)
+    return schema.get("type") == "string" if values is None else all(isinstance(v, str) for v in values)
+
+
+def _bare_strings(function: dict) -> set[str]:
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    return {name for name, schema in properties.items() if isinstance(schema, dict) and _bare_string(schema)}
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of ``text`` that is a proper start of ``marker``."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
@@ -365,6 +390,9 @@ def call_grammar(syntax: ToolSyntax, tools: list[dict], *, parallel: bool, speci
 
     ``special`` maps marker texts that are single special tokens to llguidance's ``<[id]>`` form, so the
     model writes its wrapper tokens the way it was trained to; ``json_text`` writes a schema for ``%json``.
+
+    Raises:
+        UsageError: a Qwen3-Coder parameter name that its syntax cannot carry.
     """
     def literal(text: str) -> str:
         return special.get(text) or json.dumps(text)
@@ -372,7 +400,10 @@ def call_grammar(syntax: ToolSyntax, tools: list[dict], *, parallel: bool, speci
     rules, alternatives = [], []
     for i, tool in enumerate(tools):
         function = tool["function"]
-        schema = json_text(function.get("parameters") or {"type": "object"})
+        alternatives.append(f"call_{i}")
+        if syntax.family == "qwen3-coder":
+            rules += _xml_call_rules(f"call_{i}", function, literal, json_text)
+            continue
         name = json.dumps(function["name"])[1:-1]
         if syntax.family == "llama3":
             head = json.dumps('{"name": "' + name + '", "parameters": ')
@@ -380,20 +411,48 @@ def call_grammar(syntax: ToolSyntax, tools: list[dict], *, parallel: bool, speci
         elif syntax.family == "mistral":
             head = json.dumps('{"name": "' + name + '", "arguments": ')
             rules.append(f"call_{i}: {head} args_{i} \"}}\"")
-        elif syntax.family == "qwen3-coder":
-            raise UsageError("a forced tool choice is not supported for Qwen3-Coder's XML tool syntax; "
-                             "send tool_choice 'auto'")
         else:
             head = json.dumps('\n{"name": "' + name + '", "arguments": ')
             rules.append(f"call_{i}: {literal(HERMES_OPEN)} {head} args_{i} \"}}\\n\" {literal(HERMES_CLOSE)}")
-        rules.append(f"args_{i}: %json {schema}")
-        alternatives.append(f"call_{i}")
+        rules.append(f"args_{i}: %json {json_text(function.get('parameters') or {'type': 'object'})}")
     rules.append("call: " + " | ".join(alternatives))
     if syntax.family == "mistral":
         body = 'call ("," call)*' if parallel else "call"
         start = f'start: {literal(MISTRAL_OPEN)} "[" {body} "]"'
     elif syntax.family == "llama3":
         start = "start: call"  # Llama 3 writes one call per answer
+    elif syntax.family == "qwen3-coder":
+        # Its template writes calls back to back; a newline between them reads the same.
+        start = 'start: call ("\\n"? call)*' if parallel else "start: call"
+        rules.append(f'XML_TEXT: ({_XML_VALUE}) "\\n</parameter>\\n"')
     else:
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
     return "\n".join([start, *rules])
+
+
+def _xml_call_rules(rule: str, function: dict, literal, json_text) -> list[str]:
+    """Qwen3-Coder's call of ``function``: its parameters in the schema's order (the required ones always),
+    each value bare text (a string; one of its enum if it has one) or JSON valid against its schema."""
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or ())
+    close = json.dumps("\n</parameter>\n")
+    parts, rules = [], []
+    for j, (key, schema) in enumerate((parameters.get("properties") or {}).items()):
+        if not re.fullmatch(_XML_NAME, key):
+            raise UsageError(f"the parameter {key!r} of {function['name']} cannot be written in Qwen3-Coder's "
+                             "tool syntax (its name has a space or '>'); rename it or send tool_choice 'auto'")
+        schema = schema if isinstance(schema, dict) else {}
+        values = _listed(schema)
+        if not _bare_string(schema):
+            value = f"%json {json_text(schema)} {close}"
+        elif values:
+            value = f'({" | ".join(json.dumps(v) for v in values)}) {close}'
+        else:
+            value = "XML_TEXT"
+        opener = json.dumps(f"<parameter={key}>\n")
+        rules.append(f"{rule}_{j}: {opener} {value}")
+        parts.append(f"{rule}_{j}" if key in required else f"{rule}_{j}?")
+    head = json.dumps(f"\n<function={function['name']}>\n")
+    tail = json.dumps("</function>\n")
+    body = " ".join([head, *parts, tail])
+    return [f"{rule}: {literal(HERMES_OPEN)} {body} {literal(HERMES_CLOSE)}", *rules]

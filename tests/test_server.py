@@ -28,7 +28,7 @@ from localspec.server.app import LocalServer, make_app
 from localspec.server.schema import GenerationRequest
 from localspec.server.worker import GenerationWorker, Job
 from localspec.session import ModelOptions, Pair, open_decoder
-from tests.tiny_models import QWEN_TOOLS_TEMPLATE
+from tests.tiny_models import QWEN3_CODER_TOOLS_TEMPLATE, QWEN_TOOLS_TEMPLATE
 
 N_CTX = 1024
 SYSTEM = "You answer in code."
@@ -358,6 +358,45 @@ def test_a_three_step_tool_loop(tools_server):
     # Each turn resends the conversation; the server evaluates only what its cache lacks.
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
     assert answer.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def coder_server(make_tiny_model):
+    """The tiny pair with Qwen3-Coder's tool-calling template (XML calls)."""
+    target = make_tiny_model("coder-target", seed=0, logit_scale=8.0, chat_template=QWEN3_CODER_TOOLS_TEMPLATE)
+    draft = make_tiny_model("coder-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
+                            chat_template=QWEN3_CODER_TOOLS_TEMPLATE)
+    with serving(open_worker(target, draft, n_ctx=2048)) as server:
+        yield server
+
+
+@pytest.mark.parametrize("question", ["fix a.py", "the code print x", "count the lines of b.py"])
+def test_forced_qwen3_coder_calls_are_valid_calls_of_the_tools_asked_for(coder_server, question):
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    named = call_tools(coder_server, history, tool_choice=FORCE_READ)
+    assert named.choices[0].finish_reason == "tool_calls" and named.choices[0].message.content is None
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "read_file" and json.loads(call.function.arguments)["path"] in ("a.py", "b.py")
+    options = dict(model="tiny", messages=history, tools=[READ_TOOL, LINES_TOOL], tool_choice=FORCE_READ,
+                   max_tokens=120, temperature=0)
+    with client(coder_server).chat.completions.stream(**options) as stream:
+        [streamed] = stream.get_final_completion().choices[0].message.tool_calls
+    assert streamed.function.name == "read_file" and streamed.function.arguments == call.function.arguments
+    lines = {"type": "function", "function": {**LINES_TOOL["function"], "parameters": {
+        **LINES_TOOL["function"]["parameters"], "required": ["n"]}}}  # a value written as JSON
+    count = call_tools(coder_server, history, tools=[READ_TOOL, lines],
+                       tool_choice={"type": "function", "function": {"name": "count_lines"}})
+    [call] = count.choices[0].message.tool_calls
+    assert call.function.name == "count_lines" and isinstance(json.loads(call.function.arguments)["n"], int)
+    for seed in range(3):
+        required = call_tools(coder_server, history, tool_choice="required", temperature=1.0, seed=seed)
+        assert required.choices[0].finish_reason == "tool_calls"
+        [call] = required.choices[0].message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "read_file":
+            assert arguments["path"] in ("a.py", "b.py")
+        else:
+            assert call.function.name == "count_lines" and isinstance(arguments.get("n", 0), int)
 
 
 def test_a_template_without_tool_syntax_gets_the_generic_format(tiny_server):

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from localspec.engine.backend import LlamaModel
+from localspec.engine.constraints import GrammarConstraint, compact_json
 from localspec.errors import UsageError
 from localspec.tool_calls import (
     GENERIC, HERMES, LLAMA3, MISTRAL, QWEN3_CODER, CallDelta, TextDelta, ToolCallParser, call_grammar,
@@ -17,9 +19,9 @@ TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 
 
-def parse(syntax, text: str, chunk: int, names=None) -> tuple[str, list]:
+def parse(syntax, text: str, chunk: int, tools=None) -> tuple[str, list]:
     """Feed ``text`` in pieces of ``chunk`` characters, as a stream would."""
-    parser = ToolCallParser(syntax, names)
+    parser = ToolCallParser(syntax, tools)
     deltas = []
     for i in range(0, len(text), chunk):
         deltas += parser.feed(text[i:i + chunk])
@@ -72,7 +74,7 @@ def test_answers_parse_into_content_and_calls_however_they_are_streamed(syntax, 
 ])
 @pytest.mark.parametrize("chunk", [1, 1000])
 def test_a_call_of_a_tool_not_offered_is_text(syntax, answer, chunk):
-    assert parse(syntax, answer, chunk, names={"read_file"}) == (answer, [])
+    assert parse(syntax, answer, chunk, tools=[TOOL]) == (answer, [])
 
 
 def test_an_answer_opening_with_a_brace_or_fence_is_held_back_only_briefly():
@@ -129,5 +131,79 @@ def test_forced_call_grammars_use_special_tokens_and_each_tool_schema():
     assert grammar.startswith("start: call\n") and "<[7]>" in grammar and '"</tool_call>"' in grammar
     assert '%json {"type": "object", "properties": {"path"' in grammar
     assert 'start: call ("\\n" call)*' in call_grammar(HERMES, [TOOL], parallel=True, special={})
-    with pytest.raises(UsageError, match="tool_choice 'auto'"):
-        call_grammar(QWEN3_CODER, [TOOL], parallel=False, special={})
+
+
+# -- Qwen3-Coder's forced calls: what the grammar allows, the parser reads back ------------------------------
+EDIT = {"type": "function", "function": {"name": "edit", "parameters": {
+    "type": "object", "required": ["path", "text"], "properties": {
+        "path": {"type": "string", "enum": ["a.py", "b.py"]}, "text": {"type": "string"},
+        "line": {"type": "integer"}, "options": {"type": "object", "properties": {"dry": {"type": "boolean"}}}}}}}
+NOOP = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}
+
+
+def coder_call(name: str, arguments: dict) -> str:
+    """A call as Qwen3-Coder's template writes it: strings bare, other values as JSON."""
+    parameters = "".join(f"<parameter={key}>\n{value if isinstance(value, str) else json.dumps(value)}\n</parameter>\n"
+                         for key, value in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{parameters}</function>\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def vocabulary(make_tiny_model):
+    """A tiny model's tokenizer, without SentencePiece's leading space, so a text tokenizes as written."""
+    path = make_tiny_model("plain-vocab", extra={"tokenizer.ggml.add_space_prefix": False})
+    return LlamaModel(path, vocab_only=True)
+
+
+def follows(model, grammar: str, text: str) -> bool:
+    """Whether ``text`` is a whole sentence of ``grammar`` (each token allowed, then the end of generation)."""
+    constraint = GrammarConstraint(model, grammar)
+    for token in model.tokenize(text, add_bos=False, special=False):
+        if not constraint.allowed()[token]:
+            return False
+        constraint.advance([token])
+    return bool(constraint.allowed()[model.eos_id])
+
+
+CODER_CALLS = [
+    [("edit", {"path": "a.py", "text": "x = 1"})],
+    [("edit", {"path": "b.py", "text": "\ndef f():\n    return '</param' + \"true\"\n\n", "line": 3,
+               "options": {"dry": True}})],
+    [("edit", {"path": "a.py", "text": "10"})],  # a string that reads as JSON stays a string
+    [("edit", {"path": "a.py", "text": ""})],
+    [("noop", {})],
+    [("noop", {}), ("edit", {"path": "a.py", "text": "y"})],
+]
+
+
+@pytest.mark.parametrize("calls", CODER_CALLS)
+def test_a_forced_qwen3_coder_call_is_read_back_as_written(vocabulary, calls):
+    grammar = call_grammar(QWEN3_CODER, [EDIT, NOOP], parallel=True, special={}, json_text=compact_json)
+    text = "".join(coder_call(name, arguments) for name, arguments in calls)
+    assert follows(vocabulary, grammar, text)
+    for chunk in (1, 1000):
+        content, parsed = parse(QWEN3_CODER, text, chunk, tools=[EDIT, NOOP])
+        assert content == "" and [(c.name, json.loads(c.arguments)) for c in parsed] == calls
+
+
+@pytest.mark.parametrize("text", [
+    coder_call("delete", {}),  # not an offered function
+    coder_call("edit", {"path": "a.py", "text": "x", "mode": "w"}),  # not one of its parameters
+    coder_call("edit", {"path": "c.py", "text": "x"}),  # not in the enum
+    coder_call("edit", {"path": "a.py"}),  # a required parameter missing
+    coder_call("edit", {"path": "a.py", "text": "x", "line": "three"}),  # not an integer
+    coder_call("edit", {"path": "a.py", "text": "a </parameter> b"}),  # would end the value early
+    coder_call("edit", {"text": "x", "path": "a.py"}),  # parameters come in the schema's order
+])
+def test_the_qwen3_coder_grammar_refuses_other_calls(vocabulary, text):
+    grammar = call_grammar(QWEN3_CODER, [EDIT, NOOP], parallel=False, special={}, json_text=compact_json)
+    assert not follows(vocabulary, grammar, text)
+    assert follows(vocabulary, grammar, coder_call("noop", {}))
+
+
+def test_a_forced_qwen3_coder_call_uses_the_special_tokens_and_only_the_chosen_tool():
+    grammar = call_grammar(QWEN3_CODER, [NOOP], parallel=False, special={"<tool_call>": "<[7]>"})
+    assert grammar.startswith("start: call\n") and "<[7]>" in grammar and "edit" not in grammar
+    spaced = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"a b": {}}}}}
+    with pytest.raises(UsageError, match="'a b'"):
+        call_grammar(QWEN3_CODER, [spaced], parallel=False, special={})

@@ -53,6 +53,31 @@ QWEN_TOOLS_TEMPLATE = (
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Qwen3-Coder's tool-calling template (XML calls), trimmed to the parts that write tools, calls and results.
+QWEN3_CODER_TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n<function>\\n<name>' + tool.function.name + '</name>\\n<parameters>' }}"
+    "{{- tool.function.parameters | tojson }}{{- '</parameters>\\n</function>' }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nTo call a function, reply in this format:\\n<tool_call>\\n<function=NAME>\\n"
+    "<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls %}{{- '<tool_call>\\n<function=' + call.function.name + '>\\n' }}"
+    "{%- for key, value in call.function.arguments | items %}{{- '<parameter=' + key + '>\\n' }}"
+    "{{- value | tojson if value is mapping or (value is sequence and value is not string) else value | string }}"
+    "{{- '\\n</parameter>\\n' }}{%- endfor %}{{- '</function>\\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 WORDS = ["▁the", "▁def", "▁return", "▁hello", "▁world", "▁code", "▁print", "▁x", "▁=", "▁+"]
 LETTERS = list("abcdefghijklmnopqrstuvwxyz") + ["▁"]
 

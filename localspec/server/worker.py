@@ -244,8 +244,8 @@ class GenerationWorker:
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
                                  prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
-        names = {t["function"]["name"] for t in request.offered_tools}
-        parser = ToolCallParser(self.tool_syntax, names) if names else None
+        tools = request.offered_tools
+        parser = ToolCallParser(self.tool_syntax, tools) if tools else None
 
         def emit(deltas) -> None:
             for delta in deltas:
