@@ -29,11 +29,11 @@ from starlette.routing import Route
 
 from localspec.server import anthropic, responses, schema
 from localspec.server.schema import APIError, GenerationRequest
-from localspec.server.worker import Event, Failed, GenerationWorker, Job, Piece
-from localspec.tool_calls import CallDelta
+from localspec.server.worker import Event, Failed, GenerationWorker, Job
+from localspec.tool_calls import CallDelta, TextDelta
 
 # What a job emits while it answers (the rest are Finished or Failed).
-ANSWER_EVENTS = (Piece, CallDelta)
+ANSWER_EVENTS = (TextDelta, CallDelta)
 
 # Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from localspec.engine.stats import GenerationStats
-from localspec.tool_calls import CallDelta, TextDelta, ToolCall, collect_calls
+from localspec.tool_calls import CallDelta, ToolCall, collect_calls
 
 ROLES = ("system", "user", "assistant", "tool")
 # Newer OpenAI clients send "developer" where older ones sent "system".
@@ -513,5 +513,5 @@ class CompletionFormat:
 
 
 def collect(events: list) -> tuple[str, list[ToolCall]]:
-    """The text and the whole tool calls of an answer's events (``Piece`` and ``CallDelta``)."""
-    return collect_calls([e if isinstance(e, CallDelta) else TextDelta(e.text) for e in events])
+    """The text and the whole tool calls of an answer's events (``TextDelta`` and ``CallDelta``)."""
+    return collect_calls(list(events))

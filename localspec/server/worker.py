@@ -36,11 +36,6 @@ log = logging.getLogger("localspec.server")
 
 
 @dataclass(frozen=True)
-class Piece:
-    text: str
-
-
-@dataclass(frozen=True)
 class Finished:
     stats: GenerationStats
     method: str  # the configured speculation method (per-round methods are in stats)
@@ -53,7 +48,7 @@ class Failed:
     error: APIError
 
 
-Event = Piece | CallDelta | Finished | Failed
+Event = TextDelta | CallDelta | Finished | Failed
 
 
 class _Cancelled(Exception):
@@ -249,10 +244,8 @@ class GenerationWorker:
 
         def emit(deltas) -> None:
             for delta in deltas:
-                if isinstance(delta, TextDelta):
-                    job.emit(Piece(delta.text))
-                elif delta.index == 0 or request.parallel_tool_calls:  # else only the first call is answered
-                    job.emit(delta)
+                if isinstance(delta, TextDelta) or delta.index == 0 or request.parallel_tool_calls:
+                    job.emit(delta)  # a call past the first is answered only with parallel_tool_calls
 
         stop = None
         with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
