@@ -190,6 +190,11 @@ class MemoryPlan:
     refused: str | None = None  # why no rollback works at all: speculation is off for this model
 
     @property
+    def rollback_window(self) -> int | None:
+        """Rejected drafts one pass can drop in place: any for a KV cache (None), else its snapshots."""
+        return None if self.memory == KV else self.snapshots
+
+    @property
     def method(self) -> str:
         """How a verification's rejected drafts are removed: KV, SNAPSHOTS (then CHECKPOINT past them), or
         CHECKPOINT."""
@@ -382,20 +387,25 @@ class LlamaModel:
         if self.memory_plan.memory == KV:
             return 0.0
         started = time.perf_counter()
+        reuse = self._checkpoint.state if self._checkpoint is not None else None
+        self._checkpoint = None  # until the new one is whole
+        self._checkpoint = _Checkpoint(self.n_past, self._save_state(reuse))
+        return time.perf_counter() - started
+
+    def _save_state(self, buffer: ctypes.Array | None = None) -> ctypes.Array:
+        """The recurrent state as llama.cpp saves it, into ``buffer`` if it is the right size."""
         flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, flags)
-        checkpoint = self._checkpoint
-        if checkpoint is None or len(checkpoint.state) != size:
-            checkpoint = self._checkpoint = _Checkpoint(0, (ctypes.c_uint8 * size)())
-        if self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, checkpoint.state, size, 0, flags) != size:
-            self._checkpoint = None
+        if buffer is None or len(buffer) != size:
+            buffer = (ctypes.c_uint8 * size)()
+        if self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, buffer, size, 0, flags) != size:
             raise LocalspecError(f"llama.cpp could not save the state of {self.path.name}")
-        checkpoint.n_past = self.n_past
-        return time.perf_counter() - started
+        return buffer
 
     def can_remove(self, n: int) -> bool:
         """Whether the next pass's last ``n`` positions can be rolled back in place (no checkpoint needed)."""
-        return self.memory_plan.memory == KV or n <= self.memory_plan.snapshots
+        window = self.memory_plan.rollback_window
+        return window is None or n <= window
 
     def reset(self) -> None:
         self.rollback(0)
@@ -407,12 +417,13 @@ class LlamaModel:
         # Save the state after one token (an empty one has no cells to save): it proves checkpoints work
         # here and sizes one.
         self._decode([max(self.bos_id, 0)], first_logit=1)
-        flags = self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, flags)
-        state = (ctypes.c_uint8 * size)()
-        saved = size > 0 and self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, state, size, 0, flags) == size
-        self._lib.llama_memory_clear(self._ctx.memory, True)
-        if not saved:
+        try:
+            size = len(self._save_state())
+        except LocalspecError:
+            size = 0
+        finally:
+            self._lib.llama_memory_clear(self._ctx.memory, True)
+        if not size:
             return MemoryPlan(memory, 0, 0, refused="llama.cpp can neither cut nor save its recurrent state")
         return MemoryPlan(memory, snapshots, size)
 

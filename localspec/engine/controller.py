@@ -52,8 +52,8 @@ PRIOR_DRAFT_ACCEPTANCE = 0.6
 # its occurrences share with the context, but from a store that holds other requests' answers: a short
 # match there is likelier chance than in the current conversation, so its priors start lower.
 PRIOR_SUFFIX_ACCEPTANCE = {1: 0.1, 4: 0.4, 8: 0.7, 16: 0.85, 32: 0.95}
-# The sources that draft by copying, with an acceptance estimate per match length.
-COPY_SOURCES = ("lookup", "suffix")
+# The sources that draft by copying, each with an acceptance estimate per match length.
+COPY_PRIORS = {"lookup": PRIOR_LOOKUP_ACCEPTANCE, "suffix": PRIOR_SUFFIX_ACCEPTANCE}
 PRIOR_WEIGHT = 3.0
 # Lookup observations fade each round, so an estimate follows the text and an option written off long
 # ago drifts back toward its prior and gets tried again (a lookup probe costs one short pass). The draft
@@ -173,8 +173,7 @@ class Controller:
         self._checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self._restore_s: float | None = None  # restoring one, beyond the replay pass itself
         self._copies = {
-            source: {bucket: _Acceptance(a) for bucket, a in priors.items()}
-            for source, priors in (("lookup", PRIOR_LOOKUP_ACCEPTANCE), ("suffix", PRIOR_SUFFIX_ACCEPTANCE))
+            source: {bucket: _Acceptance(a) for bucket, a in priors.items()} for source, priors in COPY_PRIORS.items()
         }
         # planning looks one up per draft position, so by bisection
         self._buckets = {source: sorted(estimates) for source, estimates in self._copies.items()}
@@ -262,7 +261,7 @@ class Controller:
                 estimate.forget()
         if source == "draft":
             self._draft.forget()
-        if drafted and source in COPY_SOURCES:
+        if drafted and source in COPY_PRIORS:
             # Draft position i continues a match of match_len + i tokens if the ones before it held.
             for i in range(judged(drafted, accepted)):
                 self._estimate(source, match_len + i).record(1, int(i < accepted))
@@ -272,7 +271,7 @@ class Controller:
             self._check_draft()
 
     def _estimate(self, source: str, match_len: int) -> _Acceptance:
-        if source in COPY_SOURCES:
+        if source in COPY_PRIORS:
             buckets = self._buckets[source]
             return self._copies[source][buckets[bisect.bisect_right(buckets, max(1, match_len)) - 1]]
         return self._draft

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from localspec.engine.acceptance import verify_greedy, verify_sampled
-from localspec.engine.backend import KV, LlamaModel, common_prefix_length
+from localspec.engine.backend import LlamaModel, common_prefix_length
 from localspec.engine.controller import Controller, Plan
 from localspec.engine.history import HistoryStore
 from localspec.engine.lookup import PromptLookupProposer
@@ -73,15 +73,14 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = draft
         self.lookup = PromptLookupProposer(max_ngram=LOOKUP_MAX_NGRAM)
-        memory = target.memory_plan
         self.controller = Controller(
             method,
             draft_len=draft_len,
             has_draft_model=draft is not None,
             draft_cost_ratio=draft_cost_ratio,
             draft_load_s=0.0 if draft is None or draft.loaded else draft_load_s,
-            rollback_window=None if memory.memory == KV else memory.snapshots,
-            speculation_off=memory.refused,
+            rollback_window=target.memory_plan.rollback_window,
+            speculation_off=target.memory_plan.refused,
         )
         self.pass_costs = pass_costs
         if pass_costs is not None:
