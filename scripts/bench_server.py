@@ -161,6 +161,18 @@ def server_vs_run(model_args: list[str], runs: int, max_tokens: int) -> None:
     print(f"  identical text in every run: {all(r[3] for r in rows)}")
 
 
+def progress_line(label: str, answer: dict) -> str:
+    """One request of a session as it happens: time, prompt and reuse, decode speed, drafts accepted."""
+    t = answer["timings"]
+    return (f"{label}: {answer['wall_s']:6.1f} s, prompt {answer['usage'].prompt_tokens} (reused {t['cache_n']}), "
+            f"{t['predicted_n']} tokens at {t['predicted_per_second']:.1f} tok/s, "
+            f"accepted {t['draft_n_accepted']}/{t['draft_n']}")
+
+
+def acceptance(timings: dict) -> str:
+    return f"{timings['draft_n_accepted'] / timings['draft_n']:.0%}" if timings["draft_n"] else "-"
+
+
 def agent_session(model_args: list[str], turn_tokens: int) -> None:
     results: dict[str, list[dict]] = {}
     for method in ("auto", "none"):
@@ -171,16 +183,13 @@ def agent_session(model_args: list[str], turn_tokens: int) -> None:
                 answer = stream_chat(client, history, turn_tokens)
                 history.append({"role": "assistant", "content": answer["text"]})
                 results.setdefault(method, []).append(answer)
-                t = answer["timings"]
-                print(f"{method:5} turn {turn}: {answer['wall_s']:6.1f} s, prompt {answer['usage'].prompt_tokens} "
-                      f"(reused {t['cache_n']}), {t['predicted_n']} tokens at {t['predicted_per_second']:.1f} tok/s, "
-                      f"accepted {t['draft_n_accepted']}/{t['draft_n']}", flush=True)
+                print(progress_line(f"{method:5} turn {turn}", answer), flush=True)
     print(f"\nagent session, 4 turns, {turn_tokens} tokens per answer, auto vs none:")
     print(f"{'turn':>4} {'prompt':>7} {'reused':>7} {'auto s':>7} {'none s':>7} {'speedup':>8} "
           f"{'auto tok/s':>10} {'none tok/s':>10} {'accepted':>9} {'same':>5}")
     for turn, (auto, none) in enumerate(zip(results["auto"], results["none"]), start=1):
         t, n = auto["timings"], none["timings"]
-        accepted = f"{t['draft_n_accepted'] / t['draft_n']:.0%}" if t["draft_n"] else "-"
+        accepted = acceptance(t)
         print(f"{turn:4d} {auto['usage'].prompt_tokens:7d} {t['cache_n']:7d} {auto['wall_s']:7.1f} "
               f"{none['wall_s']:7.1f} {none['wall_s'] / auto['wall_s']:7.2f}x {t['predicted_per_second']:10.1f} "
               f"{n['predicted_per_second']:10.1f} {accepted:>9} {str(auto['text'] == none['text']):>5}")
@@ -235,18 +244,15 @@ def tool_agent_session(model_args: list[str], write_tokens: int) -> None:
                 steps.append(tool_step(client, history, "auto", 64))
                 results.setdefault(method, []).append(steps)
                 for name, step in zip(("read", "write", "answer"), steps):
-                    t = step["timings"]
-                    print(f"{method:5} turn {turn} {name:6}: {step['wall_s']:6.1f} s, prompt "
-                          f"{step['usage'].prompt_tokens} (reused {t['cache_n']}), {t['predicted_n']} tokens at "
-                          f"{t['predicted_per_second']:.1f} tok/s, accepted {t['draft_n_accepted']}/{t['draft_n']} "
-                          f"{json.dumps(t['by_method'])}", flush=True)
+                    print(f"{progress_line(f'{method:5} turn {turn} {name:6}', step)} "
+                          f"{json.dumps(step['timings']['by_method'])}", flush=True)
     print(f"\ntool-using agent, {len(EDITS)} turns (read_file, write_file, answer), auto vs none:")
     print(f"{'turn':>4} {'step':>6} {'prompt':>7} {'reused':>7} {'auto s':>7} {'none s':>7} {'speedup':>8} "
           f"{'accepted':>9} {'grammar':>9} {'same':>5}")
     for turn, (auto, none) in enumerate(zip(results["auto"], results["none"]), start=1):
         for name, a, n in zip(("read", "write", "answer"), auto, none):
             t = a["timings"]
-            accepted = f"{t['draft_n_accepted'] / t['draft_n']:.0%}" if t["draft_n"] else "-"
+            accepted = acceptance(t)
             grammar = t["by_method"].get("grammar", {})
             forced = f"{grammar.get('accepted', 0)}/{grammar.get('drafted', 0)}"
             same = a["text"] == n["text"] and [c.function.arguments for c in a["calls"]] == [

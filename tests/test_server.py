@@ -290,14 +290,21 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "lang": {"
           "required": ["ok", "lang"], "additionalProperties": False}
 
 
+@contextmanager
+def serving_template(make_tiny_model, name: str, template: str):
+    """The tiny pair with ``template`` as its chat template, served."""
+    target = make_tiny_model(f"{name}-target", seed=0, logit_scale=8.0, chat_template=template)
+    draft = make_tiny_model(f"{name}-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
+                            chat_template=template)
+    # The tool listing alone is ~650 tokens in the tiny byte-level vocabulary.
+    with serving(open_worker(target, draft, n_ctx=2048)) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def tools_server(make_tiny_model):
     """The tiny pair with Qwen2.5's tool-calling template (hermes syntax)."""
-    target = make_tiny_model("tools-target", seed=0, logit_scale=8.0, chat_template=QWEN_TOOLS_TEMPLATE)
-    draft = make_tiny_model("tools-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
-                            chat_template=QWEN_TOOLS_TEMPLATE)
-    # The tool listing alone is ~650 tokens in the tiny byte-level vocabulary.
-    with serving(open_worker(target, draft, n_ctx=2048)) as server:
+    with serving_template(make_tiny_model, "tools", QWEN_TOOLS_TEMPLATE) as server:
         yield server
 
 
@@ -363,10 +370,7 @@ def test_a_three_step_tool_loop(tools_server):
 @pytest.fixture(scope="module")
 def coder_server(make_tiny_model):
     """The tiny pair with Qwen3-Coder's tool-calling template (XML calls)."""
-    target = make_tiny_model("coder-target", seed=0, logit_scale=8.0, chat_template=QWEN3_CODER_TOOLS_TEMPLATE)
-    draft = make_tiny_model("coder-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
-                            chat_template=QWEN3_CODER_TOOLS_TEMPLATE)
-    with serving(open_worker(target, draft, n_ctx=2048)) as server:
+    with serving_template(make_tiny_model, "coder", QWEN3_CODER_TOOLS_TEMPLATE) as server:
         yield server
 
 
