@@ -11,6 +11,8 @@ figures leave out Python overhead and machine noise: they rank changes, `localsp
 
     .venv/bin/python scripts/replay_lookup.py --record answers.json   # about 5 minutes
     .venv/bin/python scripts/replay_lookup.py answers.json [--max-tokens 96]
+
+``record`` also serves scripts/replay_suffix.py, for the agent-repeat slice.
 """
 
 from __future__ import annotations
@@ -34,15 +36,16 @@ RECORD_TOKENS = 256
 COST_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def record(path: str) -> None:
+def record(path: str, workloads: list[str] | None = None, max_tokens: int = RECORD_TOKENS) -> None:
+    """Greedy answers of target alone to the shipped prompts (of ``workloads``; None: the default slices)."""
     decoder = open_decoder(resolve_pair(profile=DEFAULT_PROFILE), ModelOptions(), method="none")
     costs, _ = pass_costs(decoder.target, sizes=COST_SIZES)
-    runner = BenchRunner(decoder, BenchSettings([BASELINE], max_tokens=RECORD_TOKENS))
+    runner = BenchRunner(decoder, BenchSettings([BASELINE], max_tokens=max_tokens))
     answers = []
-    for prompt in select(shipped_prompts(), None):
+    for prompt in select(shipped_prompts(), workloads):
         item = runner.prepare(prompt)
         decoder.target.reset()
-        steps = decoder.generate(item.tokens, max_tokens=RECORD_TOKENS)
+        steps = decoder.generate(item.tokens, max_tokens=max_tokens)
         answer = [token for step in steps for token in step.tokens]
         answers.append({"workload": prompt.workload, "id": prompt.id, "prompt": item.tokens, "answer": answer})
         print(f"{prompt.workload}/{prompt.id}: {len(item.tokens)} prompt tokens, {len(answer)} answer tokens")

@@ -121,8 +121,10 @@ def test_a_longer_answer_agrees_if_the_shorter_one_only_ran_out_of_budget():
     assert stock.compare_runs(budget, other).index == 4
 
 
-def _run(rate: float, text: str = "same", drafted: int | None = None, accepted: int | None = None) -> EngineRun:
-    return EngineRun(text, 100, 100 / rate, prefill_tokens=50, prefill_s=0.5, drafted=drafted, accepted=accepted)
+def _run(
+    rate: float, text: str = "same", drafted: int | None = None, accepted: int | None = None, decoded: int = 100
+) -> EngineRun:
+    return EngineRun(text, decoded, decoded / rate, prefill_tokens=50, prefill_s=0.5, drafted=drafted, accepted=accepted)
 
 
 def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreement():
@@ -131,10 +133,11 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     rounds = [
         # Two runs on one prompt: the machine slowed down in the second, the ratio did not move.
         Round(edit, {base.label: _run(20.0), spec.label: _run(30.0, "same", 10, 5), mine.label: _run(19.0)}),
-        Round(edit, {base.label: _run(10.0), spec.label: _run(15.0, "same", 10, 7), mine.label: _run(9.5)}),
+        # The second run's last draft was accepted past the budget of 100 tokens.
+        Round(edit, {base.label: _run(10.0), spec.label: _run(15.0, "same", 10, 7, 148), mine.label: _run(9.5)}),
         Round(chat, {base.label: _run(20.0, "x=1"), spec.label: _run(20.0, "x=2", 4, 0), mine.label: _run(20.0, "x=1")}),
     ]
-    rows = stock.build_rows(StockResult([base, spec, mine], rounds))
+    rows = stock.build_rows(StockResult([base, spec, mine], rounds, max_tokens=100))
     assert [(r["workload"], r["engine"]) for r in rows] == [
         (w, e) for w in ("code-edit", "chat", "all") for e in (base.label, spec.label, mine.label)
     ]
@@ -145,6 +148,8 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     assert by["code-edit", spec.label]["prefill_ratio"] == 1.0
     assert (by["code-edit", spec.label]["accepted"], by["code-edit", spec.label]["drafted"]) == (12, 20)
     assert by["code-edit", mine.label]["drafted"] is None
+    assert by["code-edit", spec.label]["past_budget"] == 24.0  # median of 0 and 48
+    assert by["code-edit", mine.label]["past_budget"] == 0.0 and by["chat", spec.label]["past_budget"] == 0.0
     assert by["chat", spec.label]["identical"] is False
     difference = {"prompt": "chat/b", "index": 2, "baseline": "1", "other": "2"}
     assert by["chat", spec.label]["differences"] == [difference]

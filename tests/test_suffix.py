@@ -35,6 +35,16 @@ def test_the_majority_continuation_wins_and_the_draft_stops_where_support_drops(
     assert split.propose([1, 2, 3], 8).tokens == []
 
 
+def test_the_runner_up_branch_is_where_the_draft_leaves_the_next_best_continuation():
+    common, rare = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 10]
+    index = make_index(common, common, rare)
+    draft = index.propose([1, 2, 3], 8)
+    assert draft.tokens == [4, 5, 6]
+    split, source = draft.runner_up
+    assert split == 1 and index.tokens[source : source + 2].tolist() == [9, 10]
+    assert make_index(common, common).propose([1, 2, 3], 8).runner_up is None  # nothing competes
+
+
 def test_longer_matches_outvote_more_frequent_short_ones():
     """Copies follow their source: occurrences that match the context further back decide the branch."""
     index = make_index(*([[5, 1, 2, 3, 4]] * 5), [6, 7, 8, 9, 10, 11, 1, 2, 3, 40, 41])

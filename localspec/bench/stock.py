@@ -17,8 +17,10 @@ How each engine's figures are read:
   decodes; sampling time excluded), prefill from ``prompt eval time = X ms / N tokens``.
 - ``llama-speculative-simple`` and ``llama-lookup``: decode from ``decoded N tokens in S seconds`` (the
   whole draft-verify loop), prefill from ``encoded N tokens in S seconds``, drafts from ``n_drafted`` and
-  ``n_accept``. Both generate one token more than ``-n`` asks, so they are given one fewer (and
-  llama-lookup and draft-simple may accept a draft past it).
+  ``n_accept``. Both generate one token more than ``-n`` asks, so they are given one fewer. Some drafts
+  ignore the budget (ngram-simple always drafts its 48 tokens; llama-lookup accepts a whole draft past
+  ``-n``): the tokens decoded past it count in the rate and the acceptance as the tools print them, and
+  each row says how many there were (``past_budget``), since a copy's last draft is its likeliest.
 - localspec: its own GenerationStats, from the in-process bench runner.
 
 Agreement is measured, never assumed: stock speculative modes verify drafts with batch kernels that are
@@ -36,6 +38,8 @@ JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target`
                                                       # the median, then the geometric mean over prompts
      "drafted": int | null, "accepted": int | null, "acceptance_rate": float | null,  # pooled; null: no drafts
      "decoded_tokens": float,                         # tokens the decode rate counts, per answer
+     "past_budget": float,                            # of those, decoded past max_tokens (a draft accepted
+                                                      # past -n: the rate and acceptance count it)
      "identical": bool,                               # every answer agrees with stock llama-completion's
      "differences": [{"prompt": str, "index": int, "baseline": str, "other": str}, ...]}  # first per prompt
 """
@@ -148,6 +152,7 @@ class Round:
 class StockResult:
     engines: list[Engine]
     rounds: list[Round]
+    max_tokens: int  # the budget every engine was given
 
 
 class StockOutputError(LocalspecError):
@@ -333,7 +338,7 @@ class StockComparison:
                     rounds.append(current)
         self.runner.learn(None, 0)
         self.progress("done", total, total)
-        return StockResult(self.engines, rounds)
+        return StockResult(self.engines, rounds, self.settings.max_tokens)
 
     def _measure(self, item: PreparedPrompt, engine: Engine) -> EngineRun:
         if not engine.stock:
@@ -450,10 +455,10 @@ def build_rows(result: StockResult) -> list[dict]:
     groups = [(w, [r for r in result.rounds if r.prompt.workload == w]) for w in workloads]
     if len(workloads) > 1:
         groups.append(("all", result.rounds))
-    return [_row(name, rounds, engine) for name, rounds in groups for engine in result.engines]
+    return [_row(name, rounds, engine, result.max_tokens) for name, rounds in groups for engine in result.engines]
 
 
-def _row(workload: str, rounds: list[Round], engine: Engine) -> dict:
+def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) -> dict:
     by_prompt: dict[tuple[str, str], list[Round]] = {}
     for r in rounds:
         by_prompt.setdefault((r.prompt.workload, r.prompt.id), []).append(r)
@@ -495,6 +500,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine) -> dict:
         "accepted": accepted if any(run.accepted is not None for run in runs) else None,
         "acceptance_rate": _round(accepted / drafted, 4) if drafted else None,
         "decoded_tokens": _round(_mean(per_prompt(lambda r: r.runs[label].decode_tokens)), 1),
+        "past_budget": _round(_mean(per_prompt(lambda r: max(0, r.runs[label].decode_tokens - max_tokens))), 1),
         "identical": not differences,
         "differences": differences,
     }

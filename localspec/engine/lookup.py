@@ -28,12 +28,12 @@ from collections.abc import Sequence
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_DRAFT = 64
-# An edit while copying (a renamed identifier) breaks every suffix match at the edited token. A match of
-# at least this many tokens just before it, continued past the token it replaced, resumes the copy.
-SKIP_MIN_CONTEXT = 4
-# Such a draft is reported as a match of this length: a resumed copy is likelier than a short match is
-# right, but the model may be writing new text instead.
-SKIP_MATCH_LEN = 3
+# A token written where a copy's source had another is learned as a replacement when this many tokens
+# before it occurred before (a copy) and the two tokens after it follow the source again.
+REPLACEMENT_CONTEXT = 4
+# A copy resumed after an edit reports at least this match length: a resumed copy is likelier than a
+# short match is right, but the model may be writing new text instead.
+RESUMED_MATCH_LEN = 3
 # A longest match is measured back past max_ngram up to this length: a long verbatim run is a copy in
 # progress, and the controller drafts more the longer the run.
 MAX_REPORTED_MATCH = 64
@@ -77,10 +77,7 @@ class PromptLookupProposer:
         # n-gram -> position of the token that followed its latest occurrence. An n-gram is indexed only
         # once its follower exists, so the history's own suffix never matches itself.
         self._follower: dict[tuple[int, ...], int] = {}
-        # n-gram -> the follower before that: the n-gram just before the last token has the last token
-        # as its latest follower, and an edit-skipping match needs the occurrence before it.
-        self._previous: dict[tuple[int, ...], int] = {}
-        # position q -> the follower of the latest earlier occurrence of the SKIP_MIN_CONTEXT tokens before
+        # position q -> the follower of the latest earlier occurrence of the REPLACEMENT_CONTEXT tokens before
         # q, kept until q + 2 shows whether the token at q replaced that follower in a copy
         self._copied_from: dict[int, int] = {}
         # learned replacements, old token -> (new token, times seen)
@@ -111,10 +108,8 @@ class PromptLookupProposer:
             for n in range(self.min_ngram, min(self.max_ngram, position) + 1):
                 key = tuple(self._tokens[position - n : position])
                 latest = self._follower.get(key)
-                if latest is not None:
-                    self._previous[key] = latest
-                    if n == SKIP_MIN_CONTEXT:
-                        self._copied_from[position] = latest
+                if latest is not None and n == REPLACEMENT_CONTEXT:
+                    self._copied_from[position] = latest
                 self._follower[key] = position
             self._follow_source(position, token)
             self._tokens.append(token)
@@ -167,7 +162,7 @@ class PromptLookupProposer:
         tokens, broken_at = self._tokens, self._broken_at
         for j in (broken_at + self._since_break, broken_at):
             if j < position and tokens[j] == token:
-                return j, max(SKIP_MATCH_LEN, self._copied // 2)
+                return j, max(RESUMED_MATCH_LEN, self._copied // 2)
         for j in range(max(1, broken_at), min(broken_at + RESUME_WINDOW, position)):
             if tokens[j] == token and tokens[j - 1] == tokens[position - 1]:
                 return j, 2
@@ -184,7 +179,6 @@ class PromptLookupProposer:
         kept = self._tokens[:n]
         self._tokens = []
         self._follower = {}
-        self._previous = {}
         self._copied_from = {}
         self._replacements = {}
         self._reset_copy()
@@ -194,9 +188,10 @@ class PromptLookupProposer:
         """Draft up to ``max_tokens`` tokens continuing the history; sets ``last_match_len``.
 
         The longest suffix that occurred earlier is continued (a match of ``max_ngram`` tokens is
-        measured further back, up to ``MAX_REPORTED_MATCH``). When the longest match is shorter than
-        ``SKIP_MIN_CONTEXT`` but the tokens before the last one match longer, the last token is taken
-        as an edit of the token that followed them and the copy resumes after it. Renames (replacements
+        measured further back, up to ``MAX_REPORTED_MATCH``), unless a copy in progress has followed its
+        source at least as long. Right after an edit nothing is drafted: guessing which source token the
+        edit stood for was right for 13% of such drafts on the shipped workloads' answers, and the copy
+        resumes a token later, where the answer meets its source again. Renames (replacements
         seen RENAME_SEEN times) count as equal tokens in matching (a suffix is tried as written, then
         with its new tokens turned back into the old ones) and apply to the whole draft; a replacement
         seen once is applied too, but ends the draft.
@@ -234,15 +229,6 @@ class PromptLookupProposer:
             # The copy in progress, unless the answer matches elsewhere further back than it has copied.
             # A replacement seen once is not applied: the source is known, so its token is the likelier.
             n, start, replace = min(self._copied, MAX_REPORTED_MATCH), self._source, renames
-        elif n < SKIP_MIN_CONTEXT:
-            for m in range(min(self.max_ngram, size - 2), max(n, SKIP_MIN_CONTEXT - 1), -1):
-                context = tuple(tokens[size - 1 - m : size - 1])
-                edited = self._follower.get(context)
-                if edited == size - 1:  # that is the occurrence being continued now
-                    edited = self._previous.get(context)
-                if edited is not None:
-                    n, start = SKIP_MATCH_LEN, edited + 1
-                    break
         if start is None:
             return []
         self.last_match_len = n

@@ -13,10 +13,11 @@ from, kept in memory for the session). Never drafted, the score is the share of 
 rejected again and again, a continuation is cut there or gives way to a competing branch; accepted, it
 drafts past splits its share alone would stop at. Where occurrences disagree the best-scoring branch is
 taken, and the draft stops once its score would fall below ``DEFAULT_MIN_SCORE``. Only what is drafted
-changes; verification still decides every token. It drafts the best branch only, not a token tree: a
-tree needs several sequence ids in one verifying pass, which the backend's exact kernels and KV rollback
-are not written for, and what it could add is bounded by the share of occurrences on the branches not
-taken; whether that is worth it is for a measurement on the agent-repeat bench slice to show.
+changes; verification still decides every token. It drafts the best branch only, not a token tree, as
+measured (``scripts/replay_suffix.py``, agent-repeat): verifying the runner-up branch beside the draft
+moved the replayed speedup from 1.023x to 1.019x cold and from 1.989x to 2.004x warm, and even a tree
+that paid for the runner-up only when it won would reach 1.022x and 2.104x; a tree would also need
+several sequence ids per verifying pass, which the exact kernels and the rollback are not written for.
 
 The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 180 MB (20 MB of
 it the outcomes) and a lookup costs about 0.1 ms (median, ``scripts/bench_suffix.py``). Each position is
@@ -56,11 +57,15 @@ _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 class SuffixDraft:
     """A draft from the index: ``tokens``; ``match_len``, how many context tokens the occurrences it
     continues matched (up to ``MAX_MATCH``); ``sources``, the stored position each token is drafted from
-    (for ``SuffixIndex.record``). Empty when the context's last ``KEY_LEN`` tokens never occurred."""
+    (for ``SuffixIndex.record``); ``runner_up``, at the first place the occurrences disagreed, (the draft
+    position there, the stored position the next-best branch continues from), or None (what a token tree
+    would verify beside the draft: ``scripts/replay_suffix.py`` measures it). Empty when the context's
+    last ``KEY_LEN`` tokens never occurred."""
 
     tokens: list[int]
     match_len: int
     sources: list[int]
+    runner_up: tuple[int, int] | None = None
 
 
 def _outcome_factor(accepted, rejected, share, weight: float):
@@ -186,8 +191,8 @@ class SuffixIndex:
         if longest < KEY_LEN:
             return SuffixDraft([], 0, [])
         voters = found[match >= min(longest, TRUSTED_MATCH)]
-        tokens, sources = self._follow(voters, count)
-        return SuffixDraft(tokens, longest, sources)
+        tokens, sources, runner_up = self._follow(voters, count)
+        return SuffixDraft(tokens, longest, sources, runner_up)
 
     def record(self, sources: Sequence[int], accepted: int) -> None:
         """Remember how a draft fared: of the tokens drafted from ``sources`` (a ``SuffixDraft``'s, in order),
@@ -205,9 +210,10 @@ class SuffixIndex:
         # Past the end: the last separator's, never drafted from.
         return self._outcomes[np.minimum(positions, self._size - 1)]
 
-    def _follow(self, starts: np.ndarray, count: int) -> tuple[list[int], list[int]]:
+    def _follow(self, starts: np.ndarray, count: int) -> tuple[list[int], list[int], tuple[int, int] | None]:
         """The continuation ``starts`` best support and the stored positions it is drafted from, cut where its
-        score (the share of occurrences still agreeing, times their outcome factors) drops below min_score."""
+        score (the share of occurrences still agreeing, times their outcome factors) drops below min_score;
+        and the runner-up branch at the first split (see ``SuffixDraft``)."""
         ahead = starts[:, None] + np.arange(count)
         rows = np.where(ahead < self._size, self._tokens[np.minimum(ahead, self._size - 1)], SEPARATOR)
         if len(rows) > 1:
@@ -222,6 +228,7 @@ class SuffixIndex:
         boost = 1.0  # the product of the outcome factors so far: the score is (hi - lo) / total * boost
         draft: list[int] = []
         sources: list[int] = []
+        runner_up = None
         j = 0
         while j < count:
             column = rows[lo:hi, j]
@@ -235,7 +242,11 @@ class SuffixIndex:
                     accepted, rejected = np.add.reduceat(outcomes[lo:hi, j], bounds[:-1], dtype=np.int64).T
                     factors = _outcome_factor(accepted, rejected, np.divide(sizes, hi - lo), weight).tolist()
                 # ties: the first run in sorted order, deterministically
-                best = max(range(len(sizes)), key=lambda i: sizes[i] * factors[i])
+                ranked = sorted(range(len(sizes)), key=lambda i: sizes[i] * factors[i], reverse=True)
+                best = ranked[0]
+                if runner_up is None:
+                    second = slice(lo + bounds[ranked[1]], lo + bounds[ranked[1] + 1])
+                    runner_up = (j, int(starts[second].max()) + j)
                 lo, hi = lo + bounds[best], lo + bounds[best + 1]
                 boost *= factors[best]
                 if (hi - lo) * boost < self.min_score * total:
@@ -263,4 +274,4 @@ class SuffixIndex:
             if cut:
                 break
             j = end
-        return draft, sources
+        return draft, sources, runner_up
