@@ -62,7 +62,6 @@ def replay_pass(answers: list[dict], store: HistoryStore, mode: str, cost) -> To
     for _ in range(TRUSTED_SAMPLES):
         controller.record_pass(1, cost(1))
     totals = Totals()
-    stored = store.index.tokens
     for answer in answers:
         target = answer["answer"]
         context = list(answer["prompt"]) + target[:1]  # the prefill gives the first token

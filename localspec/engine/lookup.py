@@ -107,9 +107,8 @@ class PromptLookupProposer:
             # The new token is the follower of every n-gram that ends just before it.
             for n in range(self.min_ngram, min(self.max_ngram, position) + 1):
                 key = tuple(self._tokens[position - n : position])
-                latest = self._follower.get(key)
-                if latest is not None and n == REPLACEMENT_CONTEXT:
-                    self._copied_from[position] = latest
+                if n == REPLACEMENT_CONTEXT and key in self._follower:
+                    self._copied_from[position] = self._follower[key]
                 self._follower[key] = position
             self._follow_source(position, token)
             self._tokens.append(token)
