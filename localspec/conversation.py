@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
-from localspec.engine.text import STOP_STRING, TextPiece, stream_text
-from localspec.errors import ContextFullError, UsageError
+from localspec.engine.text import TextPiece
+from localspec.errors import PromptTooLong, UsageError
 from localspec.gguf.templates import render_chat
 
 TEMPLATE_KEY = "tokenizer.chat_template"
@@ -68,11 +68,6 @@ class Conversation:
             del self.messages[:cut]
             self.dropped_turns += 1
             tokens = self.render(self.messages)
-        if len(tokens) >= n_ctx:
-            raise ContextFullError(
-                f"the prompt is {len(tokens)} tokens but the context window is {n_ctx}; "
-                "use a larger --ctx or a shorter prompt"
-            )
         return tokens
 
     def ask(
@@ -91,18 +86,17 @@ class Conversation:
         try:
             # Keep room for a useful answer, but never drop history just to fit a huge --max-tokens.
             prompt = self.prompt_tokens(reserve=min(max_tokens, self.model.n_ctx // 4))
-        except ContextFullError:
+            pieces = self.decoder.stream(prompt, stop=stop, max_tokens=max_tokens, sampling=sampling,
+                                         prefill_progress=prefill_progress)
+        except PromptTooLong:
             # A turn that can never fit is refused as a whole: no unanswered turn, no history dropped for it.
             self.messages[:], self.dropped_turns = before, dropped_before
             raise
         if self.dropped_turns > dropped_before and on_dropped is not None:
             on_dropped(self.dropped_turns - dropped_before)
-        steps = self.decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling, prefill_progress=prefill_progress)
         answer: list[str] = []
         try:
-            for piece in stream_text(self.model, steps, stop=stop):
-                if piece.stop:
-                    self.decoder.stats.stop_reason = STOP_STRING  # the round may also have used up the budget
+            for piece in pieces:
                 answer.append(piece.text)
                 yield piece
         finally:

@@ -51,3 +51,12 @@ class IncompatibleError(LocalspecError):
 
 class ContextFullError(LocalspecError):
     """The prompt or conversation does not fit in the model's context window."""
+
+
+class PromptTooLong(ContextFullError):
+    """The prompt leaves no room to answer in the context window; each front end names its own fix."""
+
+    def __init__(self, n_prompt: int, n_ctx: int) -> None:
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+        super().__init__(f"the prompt is {n_prompt} tokens but the context window is {n_ctx}")

@@ -67,7 +67,7 @@ class Defaults:
     top_k: int = DEFAULT_TOP_K
     top_p: float = DEFAULT_TOP_P
     min_p: float = DEFAULT_MIN_P
-    threads: int | None = None  # None: backend.default_threads() (all cores up to 4, else half)
+    threads: int | None = None  # None: machine.default_threads() (all cores up to 4, else half)
     history: bool = True  # draft from earlier answers kept on disk (suffix decoding), and keep this one's
 
 

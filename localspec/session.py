@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Union
 
 from localspec import paths, store
-from localspec.engine.backend import DEFAULT_N_CTX, DEFAULT_ROLLBACK_SNAPSHOTS, EXACT, LlamaModel
+from localspec.engine.backend import DEFAULT_N_CTX, LlamaModel
+from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.history import HistoryStore, tokenizer_identity
+from localspec.engine.kernels import EXACT
+from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.pass_costs import PassCostMemory
-from localspec.engine.proposers import DraftModelProposer
 from localspec.errors import IncompatibleError, UsageError
 from localspec.gguf.compat import Report, check_pair
 from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
@@ -126,6 +129,8 @@ def open_decoder(
     """Load the target now and the draft on first use (``auto`` may never need it).
 
     With ``history``, earlier answers of this tokenizer are drafted from and this session's are added.
+    The pass costs this machine measured in earlier sessions seed the controller; after each answer the
+    session saves what it learnt (pass costs, the history).
     """
     target = LlamaModel(
         pair.target,
@@ -138,7 +143,7 @@ def open_decoder(
     # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
     draft_exact = target.kernels == EXACT
     draft = None
-    ratio = 0.5
+    ratio = DEFAULT_DRAFT_COST_RATIO
     if pair.draft is not None:
         draft_path = pair.draft
 
@@ -156,8 +161,8 @@ def open_decoder(
         draft = DraftModelProposer(load_draft)
         # A decode step streams the weights once, so the file-size ratio is a fair first guess of the cost ratio.
         ratio = draft_path.stat().st_size / pair.target.stat().st_size
-    pass_costs = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
-    return SpeculativeDecoder(
+    answers = HistoryStore(paths.history_file(tokenizer_identity(target))) if history else None
+    decoder = SpeculativeDecoder(
         target,
         draft=draft,
         method=method,
@@ -165,6 +170,15 @@ def open_decoder(
         draft_cost_ratio=ratio,
         # Loading reads and repacks the weights, so it takes about as long per byte as the target's did.
         draft_load_s=target.load_s * ratio,
-        pass_costs=pass_costs,
-        history=HistoryStore(paths.history_file(tokenizer_identity(target))) if history else None,
+        history=answers,
     )
+    pass_costs = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
+    decoder.controller.remember(pass_costs.load())
+
+    def save_what_was_learnt() -> None:
+        pass_costs.save(decoder.controller.costs.relative_costs())
+        if answers is not None:
+            answers.save()
+
+    decoder.on_answer = save_what_was_learnt
+    return decoder

@@ -18,13 +18,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from localspec.engine.backend import KV
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.drafting import TARGET_ALONE, Source
 from localspec.engine.stats import GenerationStats
 from localspec.engine.text import TextPiece
+from localspec.gguf.memory import MemoryKind
 
 DEFAULT_MIN_INTERVAL = 0.1  # at most ~10 refreshes per second
-SOURCE_STYLES = {"target": "", "draft": "cyan", "lookup": "green", "suffix": "magenta"}
+SOURCE_STYLES = {Source.TARGET: "", Source.GRAMMAR: "yellow", Source.LOOKUP: "green", Source.SUFFIX: "magenta",
+                 Source.DRAFT: "cyan"}
+# How the legend names each source.
+SOURCE_NAMES = {Source.TARGET: "target", Source.GRAMMAR: "grammar", Source.LOOKUP: "lookup", Source.SUFFIX: "history",
+                Source.DRAFT: "draft"}
 BARS = " ▁▂▃▄▅▆▇█"
 MAX_CHART_POSITIONS = 24
 LIVE_ROWS = 3  # rows of an unfinished line kept in the live region
@@ -108,14 +113,14 @@ class LiveView:
         self._line = Text()
         self._status = Text()
         self._live: Live | None = None
-        self._last_step: tuple[str, int] = ("none", 0)
+        self._last_step: tuple[str, int] = (TARGET_ALONE, 0)
 
     def __rich__(self) -> Group:
         return Group(self._line, self._status)
 
     def stream(self, pieces: Iterable[TextPiece]) -> str:
         """Show ``pieces`` as they arrive; returns the whole text. The status area vanishes at the end."""
-        self._line, self._status, self._last_step = Text(), Text(), ("none", 0)
+        self._line, self._status, self._last_step = Text(), Text(), (TARGET_ALONE, 0)
         rate = _Rate()
         parts: list[str] = []
         last_refresh = 0.0
@@ -178,7 +183,8 @@ class LiveView:
         text.append(f" · accepted {stats.acceptance_rate:4.0%} · {stats.mean_accepted_length:.2f} tok/pass")
         text.append(f" · k {k} ({method})" if k else " · k 0 (target alone)")
         text.append(f" · {stats.generated_tokens} tok · {stats.kernels} kernels")
-        if not stats.memory.startswith(KV):
+        text.append(f"\n  {stats.controller_note}")
+        if stats.memory_kind != MemoryKind.KV:
             # A recurrent state rolls back at a cost, or not at all: say which.
             text.append(f"\n  memory {stats.memory}")
             if stats.replayed_tokens:
@@ -188,33 +194,10 @@ class LiveView:
             text.append(f"\n  by position 1▕{sparkline(positions)}▏{len(positions)}  ")
             text.append("  ".join(f"{i + 1}:{p:.0%}" for i, p in enumerate(positions[:3])))
         if self.colors:
-            text.append("\n  ")
-            text.append("target", style="default")
-            text.append(" draft", style=SOURCE_STYLES["draft"])
-            text.append(" lookup", style=SOURCE_STYLES["lookup"])
-            text.append(" history", style=SOURCE_STYLES["suffix"])
+            text.append("\n ")
+            for source, name in SOURCE_NAMES.items():
+                text.append(f" {name}", style=SOURCE_STYLES[source] or "default")
         return text
-
-
-def summary_line(stats: GenerationStats) -> str:
-    """One line of figures for the end of an answer."""
-    parts = [
-        f"{stats.generated_tokens} tokens",
-        f"{stats.decode_tok_per_s:.1f} tok/s",
-        f"{stats.rounds} target passes",
-    ]
-    if stats.drafted:
-        by_method = ", ".join(
-            f"{m} {stats.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(stats.drafted_by_method.items())
-        )
-        parts.append(f"accepted {stats.acceptance_rate:.0%} ({by_method})")
-        parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
-    parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
-    if stats.replayed_tokens:
-        parts.append(f"{stats.replayed_tokens} tokens replayed ({stats.rollback_s:.2f}s on rollbacks)")
-    parts.append(f"stop: {stats.stop_reason}")
-    parts.append(f"{stats.kernels} kernels")
-    return " | ".join(parts)
 
 
 def stats_table(stats: GenerationStats) -> Table:

@@ -25,7 +25,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localspec.engine.backend import DEFAULT_ROLLBACK_SNAPSHOTS, LlamaModel  # noqa: E402
+from localspec.engine.backend import LlamaModel  # noqa: E402
+from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS  # noqa: E402
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16, 32)
 

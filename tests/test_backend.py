@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.engine.backend import EXACT, MAX_VERIFY_BATCH, LlamaModel, choose_kernels, exact_kernels_built
+from localspec.engine.backend import LlamaModel
+from localspec.engine.kernels import EXACT, MAX_VERIFY_BATCH, choose_kernels, exact_kernels_built
 from localspec.errors import ContextFullError
 
 

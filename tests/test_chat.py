@@ -23,7 +23,7 @@ from localspec.conversation import Conversation
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder, Step
 from localspec.engine.history import HistoryStore
-from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece, stream_text
 from localspec.errors import UsageError
@@ -211,8 +211,7 @@ def test_live_view_prints_completed_lines_once(tiny_target):
 
 
 def test_live_view_colours_tokens_drafted_from_the_answer_history(tiny_target):
-    decoder = make_decoder(tiny_target, method="auto")
-    decoder.history = HistoryStore(None)
+    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=1024, n_threads=1), history=HistoryStore(None))
     prompt = decoder.target.tokenize("hello world def x", add_bos=True)
     for _ in range(2):  # the first answer fills the history (and the controller's costs), the second drafts from it
         screen = io.StringIO()

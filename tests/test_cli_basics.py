@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from localspec import paths, store
 from localspec.cli.app import app
-from localspec.engine import backend
+from localspec.engine import machine
 from localspec.profiles import DEFAULT_PROFILE
 from tests.fake_index import hidden_leftovers, write_user_profile
 from tests.tiny_models import TinySpec, tiny_model_bytes
@@ -134,10 +134,10 @@ def test_doctor_lists_cached_models(fake_index):
 
 def test_amx_backend_is_detected_from_libraries_or_system_info(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...ggml_cpu_has_amx_int8\x00AMX_INT8\x00")
-    assert not backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
-    assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
+    assert not machine.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
+    assert machine.has_amx_backend(tmp_path, "CPU : AVX2 = 1 | AMX_INT8 = 1 |")
     (tmp_path / "libggml-cpu.so").write_bytes(b"\x7fELF...\x00AMX\x00...ggml_backend_amx_buffer_type")
-    assert backend.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
+    assert machine.has_amx_backend(tmp_path, "CPU : AVX2 = 1 |")
 
 
 def test_pull_offline_with_an_empty_cache_fails_clearly():

@@ -11,7 +11,7 @@ from scipy import stats
 from localspec.engine.constraints import GrammarConstraint, compact_json, json_schema_grammar
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.sampling import SamplingParams, probabilities
 from localspec.errors import GrammarError
 from localspec.session import ModelOptions, Pair, open_decoder

@@ -12,7 +12,7 @@ from localspec.engine import acceptance
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.history import HistoryStore
-from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.sampling import SamplingParams, probabilities, sample
 from localspec.errors import ContextFullError
 
@@ -24,12 +24,16 @@ PROMPTS = [
 METHODS = [("lookup", None), ("lookup", 3), ("draft", None), ("draft", 2), ("hybrid", 4), ("auto", None)]
 
 
-def make_decoder(target_path, draft_path=None, *, method="auto", draft_len=None, n_ctx=512, min_confidence=0.5):
+def make_decoder(
+    target_path, draft_path=None, *, method="auto", draft_len=None, n_ctx=512, min_confidence=0.5, history=None
+):
     # One thread: tiny models gain nothing from two, and OpenMP spinning slows a busy machine down.
     target = LlamaModel(target_path, n_ctx=n_ctx, n_threads=1)
     load = lambda: LlamaModel(draft_path, n_ctx=n_ctx, n_threads=1)  # noqa: E731
     draft = DraftModelProposer(load, min_confidence=min_confidence) if draft_path else None
-    return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len)
+    on_answer = history.save if history is not None else None  # as the session saves it after each answer
+    return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, history=history,
+                              on_answer=on_answer)
 
 
 def generate(decoder, prompt_tokens, max_tokens=48, sampling=SamplingParams()):
@@ -271,12 +275,10 @@ def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, basel
     """A second session finds the first session's answers on disk, drafts from them, and emits exactly
     target-alone's tokens; a history holding a wrong answer costs rejections, never a changed token."""
     path = localspec_home / "history" / "tiny.bin"
-    first = make_decoder(tiny_target)
-    first.history = HistoryStore(path)
+    first = make_decoder(tiny_target, history=HistoryStore(path))
     for prompt, expected in baselines:
         assert generate(first, prompt) == expected
-    second = make_decoder(tiny_target)
-    second.history = HistoryStore(path)
+    second = make_decoder(tiny_target, history=HistoryStore(path))
     suffix_drafted = 0
     for prompt, expected in baselines:
         assert generate(second, prompt) == expected
@@ -287,8 +289,7 @@ def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, basel
     for prompt, expected in baselines:
         # Every eighth token of the stored answers is wrong: copies run, then fail there.
         wrong.add(prompt, [(t + 1) % 200 if i % 8 == 7 else t for i, t in enumerate(expected)])
-    third = make_decoder(tiny_target)
-    third.history = wrong
+    third = make_decoder(tiny_target, history=wrong)
     rejected = 0
     for _ in range(2):
         for prompt, expected in baselines:
@@ -312,8 +313,7 @@ def test_suffix_drafts_scored_by_how_they_fared_leave_greedy_output_unchanged(ti
         record(sources, accepted)
 
     store.index.record = spy
-    decoder = make_decoder(tiny_target)
-    decoder.history = store
+    decoder = make_decoder(tiny_target, history=store)
     suffix_rounds = []
     for _ in range(3):
         for prompt, expected in baselines:
@@ -326,11 +326,11 @@ def test_suffix_drafts_scored_by_how_they_fared_leave_greedy_output_unchanged(ti
 
 def test_sampled_output_with_suffix_drafts_follows_target_distribution(sampling_case):
     target, _, prompt, dist = sampling_case
-    decoder = make_decoder(target, method="auto", draft_len=2)
     likely = generate(make_decoder(target, method="none"), prompt, N_TOKENS)
-    decoder.history = HistoryStore(None)
-    decoder.history.add(prompt, likely)
-    decoder.history.learning = False  # the same proposals for every sample
+    history = HistoryStore(None)
+    history.add(prompt, likely)
+    history.learning = False  # the same proposals for every sample
+    decoder = make_decoder(target, method="auto", draft_len=2, history=history)
     generate(decoder, prompt, 8)  # auto measures a few one-token passes before it speculates
     by_method = Counter()
     plain = decoder.generate

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from localspec.conversation import Conversation
-from localspec.engine.backend import CHECKPOINT, HYBRID, KV, RECURRENT, SNAPSHOTS, LlamaModel
+from localspec.engine.backend import LlamaModel
+from localspec.engine.memory import CHECKPOINT, SNAPSHOTS
+from localspec.gguf.memory import MemoryKind
 from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.draft_model import DraftModelProposer
+from localspec.engine.drafting import Source
 from localspec.engine.sampling import SamplingParams
 from localspec.gguf.memory import memory_kind
 from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
@@ -86,7 +89,7 @@ def baseline(hybrid):
 def test_memory_kind_is_detected_and_matches_the_header_table(hybrid):
     arch, target, _, options = hybrid
     plan = load(target, **options).memory_plan
-    assert plan.memory == memory_kind(arch) == (RECURRENT if arch == "mamba" else HYBRID)
+    assert plan.memory == memory_kind(arch) == (MemoryKind.RECURRENT if arch == "mamba" else MemoryKind.HYBRID)
     # llama.cpp keeps the snapshots asked for with qwen35 and lfm2, and clamps mamba's to none.
     assert plan.method == (SNAPSHOTS if options["rollback_snapshots"] else CHECKPOINT)
     assert load(target, rollback_snapshots=8).memory_plan.method == (CHECKPOINT if arch == "mamba" else SNAPSHOTS)
@@ -95,7 +98,7 @@ def test_memory_kind_is_detected_and_matches_the_header_table(hybrid):
 
 def test_a_dense_model_keeps_its_kv_cache_plan(tiny_target):
     plan = load(tiny_target).memory_plan
-    assert (plan.memory, plan.method, plan.checkpoint_bytes) == (KV, KV, 0)
+    assert (plan.memory, plan.method, plan.checkpoint_bytes) == (MemoryKind.KV, "kv", 0)
 
 
 @pytest.mark.parametrize("drop", [1, 3, 6, 9])
@@ -148,9 +151,11 @@ def test_planted_mistakes_roll_back_to_the_target_alone_output(hybrid, baseline,
     prompt, expected = baseline
     decoder = make_decoder(target, method=method, draft_len=draft_len, **options)
     wrong = next(t for t in range(3, 300) if t not in expected)
-    decoder.lookup = PlantedMistakes(len(prompt), expected, wrong)
+    decoder.drafter(Source.LOOKUP).proposer = PlantedMistakes(len(prompt), expected, wrong)
+    planted = decoder.drafter(Source.LOOKUP).proposer
     assert generate(decoder, prompt) == expected
     stats = decoder.stats
+    assert planted.rounds > 0, "the planted drafts were never asked for"
     if method != "auto":
         assert 0 < stats.accepted < stats.drafted, "no partial acceptance: no rollback was tested"
 

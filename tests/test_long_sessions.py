@@ -16,7 +16,7 @@ from localspec.cli.app import app
 from localspec.conversation import Conversation
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.draft_model import DraftModelProposer
 from localspec.errors import ContextFullError
 from localspec.tui import PrefillBar
 

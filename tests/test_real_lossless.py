@@ -8,7 +8,7 @@ from localspec.conversation import Conversation
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.history import HistoryStore
-from localspec.engine.proposers import DraftModelProposer
+from localspec.engine.draft_model import DraftModelProposer
 
 pytestmark = pytest.mark.real
 

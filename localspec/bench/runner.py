@@ -36,8 +36,9 @@ from dataclasses import dataclass, field, replace
 from localspec.bench.workloads import BenchPrompt
 from localspec.conversation import TEMPLATE_KEY, Conversation
 from localspec.engine.backend import LlamaModel
-from localspec.engine.controller import expected_tokens
+from localspec.engine.controller import Controller
 from localspec.engine.decoder import SpeculativeDecoder, Step
+from localspec.engine.estimates import expected_tokens
 from localspec.engine.history import HistoryStore
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats, judged
@@ -45,7 +46,6 @@ from localspec.engine.stats import GenerationStats, judged
 DEFAULT_RUNS = 3
 DEFAULT_MAX_TOKENS = 192
 DEFAULT_WARMUP_TOKENS = 16
-USES_DRAFT = ("draft", "hybrid", "auto")
 HISTORY_PASSES = ("cold", "warm")
 HISTORY_SUFFIX = "+history"  # how --methods names a configuration with an answer history: auto+history
 
@@ -151,10 +151,9 @@ def compare_tokens(
     return FirstDifference(i, a, b, "" if a is None else describe(a), "" if b is None else describe(b))
 
 
-def expected_speedup(
-    steps: Sequence[Step], pass_cost: Callable[[int], float | None], draft_step_s: float | None
-) -> float | None:
-    """Leviathan's predicted speedup for these rounds, from their measured acceptance and measured costs.
+def expected_speedup(steps: Sequence[Step], controller: Controller, baseline: Controller) -> float | None:
+    """Leviathan's predicted speedup for these rounds, from their measured acceptance and the costs
+    ``controller`` measured (``baseline``'s target passes where it timed no one-token pass).
 
     ``steps`` are the verification rounds (not the prefill step). Acceptance per source is the
     geometric-model estimate accepted / judged, where a round judges the drafts up to the first rejection.
@@ -165,16 +164,17 @@ def expected_speedup(
         if step.drafted:
             accepted[step.method] = accepted.get(step.method, 0) + step.accepted
             judged_by_method[step.method] = judged_by_method.get(step.method, 0) + judged(step.drafted, step.accepted)
-    one = pass_cost(1)
+    passes = controller.costs if controller.costs.one is not None else baseline.costs
+    one = passes.pass_cost(1)
     tokens = seconds = 0.0
     for step in steps:
         k = step.drafted
-        verify = pass_cost(k + 1)
-        if one is None or verify is None or (step.method == "draft" and draft_step_s is None):
+        verify, draft_step = passes.pass_cost(k + 1), controller.step_cost(step.method) if k else 0.0
+        if one is None or verify is None or draft_step is None:
             return None
         acceptance = accepted.get(step.method, 0) / judged_by_method[step.method] if k else 0.0
-        tokens += expected_tokens(acceptance, k)
-        seconds += verify + (k * draft_step_s if step.method == "draft" else 0.0)
+        tokens += expected_tokens([acceptance] * k)[k]
+        seconds += verify + k * draft_step
     return tokens * one / seconds if seconds > 0 else None
 
 
@@ -187,18 +187,13 @@ class BenchRunner:
         self.target = decoder.target
         self.settings = settings
         self.progress = progress or (lambda what, done, total: None)
-        ratio = decoder.controller.draft_cost_ratio
         # The baseline runs on the given caches, every other configuration on caches of its own.
         self.decoders = {
-            config: SpeculativeDecoder(
-                self.target if config == BASELINE else self.target.another_context(),
-                draft=decoder.draft.another() if decoder.draft is not None and config.method in USES_DRAFT else None,
+            config: decoder.sibling(
                 method=config.method,
                 draft_len=config.draft_len,
-                draft_cost_ratio=ratio,
-                draft_load_s=decoder.controller.draft_load_s,
-                pass_costs=decoder.pass_costs,
                 history=HistoryStore(None) if config.history else None,
+                own_caches=config != BASELINE,
             )
             for config in settings.all_configs
         }
@@ -313,22 +308,12 @@ class BenchRunner:
         measurement = Measurement(tokens, decoder.stats)
         if config != BASELINE:
             measurement.expected_speedup = expected_speedup(
-                steps[1:], self._pass_cost(decoder), self._draft_step(decoder)
+                steps[1:], decoder.controller, self.decoders[BASELINE].controller
             )
         return measurement
 
-    def _pass_cost(self, decoder: SpeculativeDecoder) -> Callable[[int], float | None]:
-        """This configuration's measured pass cost per batch size, the baseline's where it never ran one."""
-        measured = decoder.controller.costs()["pass_s"]
-        baseline = self.decoders[BASELINE].controller
-        return lambda batch: measured.get(batch) or baseline.pass_cost(batch)
-
     def _describe(self, token: int) -> str:
         return self.target.detokenize([token])
-
-    @staticmethod
-    def _draft_step(decoder: SpeculativeDecoder) -> float | None:
-        return decoder.controller.draft_step_cost() if decoder.draft is not None else None
 
     def _relate(
         self, prompt: BenchPrompt, by_config: dict[Config, Measurement], records: dict[tuple, PromptRecord]

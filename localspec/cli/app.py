@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 from localspec import __version__
 from localspec.cli import commands
 from localspec.cli.console import err
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, PromptTooLong
 
 DEBUG_ENV = "LOCALSPEC_DEBUG"
 
@@ -25,7 +25,8 @@ class _Group(TyperGroup):
         except LocalspecError as exc:
             if os.environ.get(DEBUG_ENV):
                 raise
-            err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            fix = "; use a larger --ctx or a shorter prompt" if isinstance(exc, PromptTooLong) else ""
+            err.print(f"[bold red]error:[/] {exc}{fix}", markup=True, highlight=False)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             err.print("interrupted")

@@ -25,7 +25,7 @@ from localspec.conversation import Conversation
 from localspec.engine.controller import check_method
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import LocalspecError, UsageError
-from localspec.tui import LiveView, stats_table, summary_line
+from localspec.tui import LiveView, stats_table
 
 DEFAULT_MAX_TOKENS = 1024
 # After a line is read on a terminal, input arriving within this time is the rest of a paste.
@@ -218,7 +218,7 @@ class ChatSession:
             sys.stdout.write("\n")
             sys.stdout.flush()
         self.answered = True
-        err.print(summary_line(self.decoder.stats) + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
+        err.print(self.decoder.stats.summary_line() + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
 
     def handle(self, command: Command) -> bool:
         """Carry out a slash command; False means exit."""

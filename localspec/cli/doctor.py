@@ -3,31 +3,22 @@
 from __future__ import annotations
 
 import platform
-import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import typer
 
 from localspec import __version__, paths, store
 from localspec.cli.console import err, format_size, out
-from localspec.engine import backend
+from localspec.engine import kernels, machine
 from localspec.errors import GGUFError
 from localspec.gguf.header import read_header
 from localspec.gguf.memory import architecture, speculation_note
 
-# CPU features that decide which llama.cpp kernels can run.
-CPU_FLAGS = (
-    "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
-)
-
-
 def doctor_command() -> None:
     """Report versions, GPU offload, CPU features, AMX risk, the model cache and free disk; exit 1 if unusable."""
     out.print(f"localspec {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})")
-    cpu_flags = cpu_features()
+    cpu_flags = machine.cpu_features()
     out.print(f"CPU features: {' '.join(cpu_flags) or 'unknown'}")
     usable = _report_llama(cpu_flags)
     _report_cache()
@@ -37,7 +28,7 @@ def doctor_command() -> None:
 
 def _report_llama(cpu_flags: list[str]) -> bool:
     try:
-        build = backend.build_info()
+        build = machine.build_info()
     except Exception as exc:  # a broken native build fails with OSError, ImportError, ...
         err.print(f"[bold red]llama-cpp-python cannot be imported:[/] {exc}; run scripts/setup")
         return False
@@ -45,13 +36,13 @@ def _report_llama(cpu_flags: list[str]) -> bool:
     out.print(f"llama.cpp build: {build.system_info}")
     out.print(f"GPU offload: {build.gpu_offload or 'none (CPU only)'}")
     if "LLAMAFILE = 1" in build.system_info:
-        # Verification batches then sum in another order than one-token steps (engine/backend.py).
+        # Verification batches then sum in another order than one-token steps (engine/kernels.py).
         err.print(
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
         )
-    out.print(f"verification kernels: {backend.kernels_description(build.kernels)}")
-    if build.kernels != backend.EXACT:
+    out.print(f"verification kernels: {kernels.kernels_description(build.kernels)}")
+    if build.kernels != kernels.EXACT:
         err.print(
             "[bold yellow]note: this llama.cpp build lacks localspec's exact-kernel patch: greedy output is lossless "
             "up to floating-point rounding (--exact forces bit-identity, slower); run scripts/setup[/]"
@@ -83,23 +74,3 @@ def _memory_line(path: Path) -> str:
         return speculation_note(architecture(read_header(path, check_tensors=False)))
     except (GGUFError, OSError) as exc:
         return f"(header unreadable: {exc})"
-
-
-def cpu_features() -> list[str]:
-    if sys.platform == "darwin":
-        return _sysctl_features()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    match = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)
-    flags = set(match.group(1).split()) if match else set()
-    return [f for f in CPU_FLAGS if f in flags] + sorted(f for f in flags if f in ("neon", "asimd", "sve"))
-
-
-def _sysctl_features() -> list[str]:
-    try:
-        text = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return sorted(m.group(1) for m in re.finditer(r"^hw\.optional\.(?:arm\.)?(\w+): 1$", text, re.M))

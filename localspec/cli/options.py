@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from localspec.cli.console import rich_progress
-from localspec.engine.backend import DEFAULT_ROLLBACK_SNAPSHOTS
+from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.controller import check_method
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams

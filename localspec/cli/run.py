@@ -14,7 +14,7 @@ from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
 from localspec.errors import ContextFullError, UsageError
-from localspec.tui import LiveView, PrefillBar, summary_line
+from localspec.tui import LiveView, PrefillBar
 
 
 @o.generation_options()
@@ -66,7 +66,7 @@ def run_command(
         print(json.dumps(result))
     else:
         sys.stdout.write("" if live else "\n")
-        err.print(summary_line(stats) + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
+        err.print(stats.summary_line() + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
     if ctrl_c.pressed:
         raise typer.Exit(130)
     if stats.stop_reason == "context_full":

@@ -3,19 +3,15 @@
 ``LlamaModel`` loads a GGUF and gives the engine exactly what speculative decoding needs: append tokens
 to the KV cache and get back only the logits rows asked for (via the low-level batch API, so no
 n_ctx x n_vocab score matrix is ever filled), roll the KV cache back to a position, and tokenize.
-An upgrade of llama-cpp-python that moves these internals should break this file only.
+An upgrade of llama-cpp-python that moves these internals should break this file only. Which kernels
+verify is kernels.py's, how memory rolls back memory.py's, the machine machine.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
-import functools
-import importlib.metadata
-import os
-import platform
-import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,197 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
+from localspec.engine.kernels import EXACT, choose_kernels, exact_kernels_built, prefill_paths, use_kernels
+from localspec.engine.library import load_llama_cpp
+from localspec.engine.machine import cpu_model, default_threads, llama_cpp_version
+from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS, MemoryPlan
 from localspec.errors import ContextFullError, LocalspecError
+from localspec.gguf.memory import MemoryKind
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
-# Recurrent-state snapshots kept per pass where the architecture supports them (llama.cpp's n_rs_seq), so a
-# verification of up to that many drafts rolls back in place. Off by default: every pass then writes its
-# snapshots, and at Qwen3.5 0.8B's shapes 8 of them slow even a one-token pass by ~8% (the target alone
-# would run slower than stock llama.cpp's), while a checkpoint costs ~6% of a one-token pass per
-# verification plus a replay after a rejection, and only when speculating (scripts/bench_rollback.py).
-DEFAULT_ROLLBACK_SNAPSHOTS = 0
 # Evals of at least this many tokens are timed and kept as `large_eval`, a cost anchor for long drafts.
 LARGE_EVAL = 64
-
-
-_log_callback = None  # kept referenced: llama.cpp holds a raw pointer to it
-
-
-def _quiet_llama_logs(llama_cpp) -> None:
-    """Send llama.cpp's log to stderr only with LOCALSPEC_DEBUG set.
-
-    llama-cpp-python's own callback maps ggml's log levels with an outdated table, so warnings such as
-    "n_ctx_seq > n_ctx_train" reach the terminal even with verbose=False.
-    """
-    global _log_callback
-    if _log_callback is not None:
-        return
-
-    @llama_cpp.llama_log_callback
-    def callback(level, text, user_data):
-        if os.environ.get("LOCALSPEC_DEBUG"):
-            sys.stderr.write(text.decode("utf-8", "replace"))
-
-    _log_callback = callback
-    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
-
-
-# How batched verification relates to one-token decoding (see the README, "Exact or fast kernels").
-EXACT = "exact"  # bit-identical: greedy output equals the target's, token for token
-FAST = "fast"  # stock kernels: lossless up to floating-point rounding, measured not promised
-# Exact kernels keep batches up to this size invariant; larger ones (prompt prefill) take faster kernels.
-# Must equal GGML_EXACT_VERIFY_MAX in scripts/patches/llama-cpp-exact.patch.
-MAX_VERIFY_BATCH = 128
-_EXACT_SYMBOL = "ggml_tiled_exact_mode"  # exported by scripts/patches/llama-cpp-exact.patch
-_kernels_in_process: str | None = None  # ggml reads GGML_CPU_TILED_MM once, at the first matmul
-
-
-def _import_llama_cpp():
-    import llama_cpp
-    from llama_cpp import _internals
-
-    _quiet_llama_logs(llama_cpp)
-    return llama_cpp, _internals
-
-
-def _lib_dir() -> Path:
-    """Where llama-cpp-python loads llama.cpp's shared libraries from (it honours LLAMA_CPP_LIB_PATH too)."""
-    llama_cpp, _ = _import_llama_cpp()
-    return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
-
-
-def _loaded_cpu_library() -> Path | None:
-    """The file llama.cpp's CPU backend runs from. A wheel holds libggml-cpu.so, .so.0 and .so.0.x as separate
-    copies on Linux, and another copy than the one llama.cpp loaded would have globals of its own."""
-    lib_dir = _lib_dir()  # imports llama_cpp, which loads the backend
-    maps = Path("/proc/self/maps")
-    if maps.exists():
-        for line in maps.read_text().splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and Path(fields[5]).name.startswith("libggml-cpu."):
-                return Path(fields[5])
-    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
-        if (lib_dir / name).exists():
-            return lib_dir / name
-    return None
-
-
-@functools.cache
-def _patched_cpu_lib() -> ctypes.CDLL | None:
-    """llama.cpp's CPU backend library when it carries localspec's patch, else None."""
-    path = _loaded_cpu_library()
-    if path is None:
-        return None
-    lib = ctypes.CDLL(str(path))
-    if not hasattr(lib, _EXACT_SYMBOL):
-        return None
-    lib.ggml_exact_set_prefill.argtypes = [ctypes.c_bool]
-    lib.ggml_exact_set_prefill.restype = None
-    return lib
-
-
-def exact_kernels_built() -> bool:
-    """True when llama.cpp was built with localspec's batch-invariant kernels (scripts/setup does that)."""
-    return _patched_cpu_lib() is not None
-
-
-def choose_kernels(*, exact: bool | None, gpu_layers: int) -> str:
-    """EXACT where it costs nothing (a patched build on the CPU), FAST elsewhere unless ``exact`` forces it.
-
-    GPU backends are not checked for batch invariance, so a forced exact run keeps the target on the CPU.
-    """
-    if exact is not None:
-        return EXACT if exact else FAST
-    llama_cpp, _ = _import_llama_cpp()
-    on_gpu = gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
-    return EXACT if exact_kernels_built() and not on_gpu else FAST
-
-
-def kernels_description(kernels: str) -> str:
-    """One line for doctor and the live view: which kernels verify, and what that promises."""
-    if kernels == FAST:
-        return "fast: stock llama.cpp kernels, lossless up to floating-point rounding (--exact for bit-identity)"
-    if exact_kernels_built():
-        return "exact: batch-invariant kernels at stock speed, verified tokens bit-identical to one-token decoding"
-    return "exact: stock kernels' one-row paths only (this build lacks localspec's patch), bit-identical but slower"
-
-
-def _use_kernels(kernels: str) -> None:
-    """Set ggml's process-wide kernel switch for ``kernels``, once per process."""
-    global _kernels_in_process
-    if _kernels_in_process not in (None, kernels):
-        raise LocalspecError(
-            f"this process already runs llama.cpp with {_kernels_in_process} kernels and cannot switch to "
-            f"{kernels}; start a new process for the other mode"
-        )
-    if kernels == EXACT:
-        # A patched build: its batch-invariant kernels. An unpatched one reads "exact" as 0: vec_dot only.
-        os.environ["GGML_CPU_TILED_MM"] = "exact"
-    else:
-        os.environ.pop("GGML_CPU_TILED_MM", None)
-    os.environ.pop("GGML_CPU_TILED_MM_FORCE", None)
-    _kernels_in_process = kernels
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module knows."""
-    try:
-        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-    except OSError:
-        match = None
-    return match.group(1).strip() if match else platform.processor() or platform.machine()
-
-
-def default_threads() -> int:
-    """All usable cores on small machines; half of them (physical cores, usually) on larger ones."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return n if n <= 4 else n // 2
-
-
-# What a model's memory is, and so how positions are taken back out of it (see LlamaModel.rollback).
-KV = "kv"  # attention only: llama.cpp cuts any trailing positions out of the KV cache
-HYBRID = "hybrid"  # attention beside a recurrent state (Qwen3.5/3.6, LFM2, Nemotron-H, Granite 4)
-RECURRENT = "recurrent"  # a recurrent state only (Mamba, RWKV)
-# How the rejected drafts of a verification leave a recurrent state.
-SNAPSHOTS = "snapshots"  # per-token snapshots of the last pass (n_rs_seq): removed in place, for free
-CHECKPOINT = "checkpoint"  # the state saved before the pass, restored, and the accepted tokens replayed
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How a loaded model's memory rolls back, for the controller's prices and for people to read."""
-
-    memory: str  # KV, HYBRID or RECURRENT
-    snapshots: int  # trailing positions of one pass removable in place (n_rs_seq); unlimited for KV
-    checkpoint_bytes: int  # one saved recurrent state (0 for KV)
-    refused: str | None = None  # why no rollback works at all: speculation is off for this model
-
-    @property
-    def rollback_window(self) -> int | None:
-        """Rejected drafts one pass can drop in place: any for a KV cache (None), else its snapshots."""
-        return None if self.memory == KV else self.snapshots
-
-    @property
-    def method(self) -> str:
-        """How a verification's rejected drafts are removed: KV, SNAPSHOTS (then CHECKPOINT past them), or
-        CHECKPOINT."""
-        if self.memory == KV:
-            return KV
-        return SNAPSHOTS if self.snapshots else CHECKPOINT
-
-    def describe(self) -> str:
-        if self.memory == KV:
-            return "kv: KV cache only, rejected drafts are cut out in place"
-        if self.refused:
-            return f"{self.memory}: no speculation ({self.refused})"
-        state = f"{self.checkpoint_bytes / 2**20:.1f} MiB per recurrent state"
-        if self.snapshots:
-            return (
-                f"{self.memory}: {self.snapshots} snapshots per pass ({self.snapshots * self.checkpoint_bytes / 2**20:.0f} MiB), "
-                f"longer drafts checkpoint and replay; {state}"
-            )
-        return f"{self.memory}: checkpoint before each verification, replay the accepted tokens; {state}"
 
 
 @dataclass
@@ -248,13 +64,14 @@ class LlamaModel:
         stock kernels (see ``choose_kernels``). ``rollback_snapshots``: recurrent-state snapshots to keep
         per pass where the architecture supports them (see DEFAULT_ROLLBACK_SNAPSHOTS).
         """
-        llama_cpp, internals = _import_llama_cpp()
+        llama_cpp = load_llama_cpp()
+        from llama_cpp import _internals as internals
         started = time.perf_counter()
         self._lib = llama_cpp
         threads = n_threads or default_threads()
         self.kernels = choose_kernels(exact=exact, gpu_layers=n_gpu_layers)
         if not vocab_only:
-            _use_kernels(self.kernels)
+            use_kernels(self.kernels)
         # Without the patch, exactness means the one-row paths only: no repacked weights (their 4-row gemm
         # sums in another order), no flash attention (split-KV and tiled paths), no GPU.
         slow_exact = self.kernels == EXACT and not exact_kernels_built()
@@ -275,7 +92,7 @@ class LlamaModel:
             self._model = internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
             memory = _memory_kind(llama_cpp, self._model.model)
             # llama.cpp clamps n_rs_seq to 0 for architectures without snapshot support.
-            context_params.n_rs_seq = rollback_snapshots if memory != KV else 0
+            context_params.n_rs_seq = rollback_snapshots if memory != MemoryKind.KV else 0
             if not vocab_only:
                 self._ctx = internals.LlamaContext(model=self._model, params=context_params, verbose=False)
                 self._batch = internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -300,7 +117,7 @@ class LlamaModel:
         self._removable = 0  # trailing positions the last pass's snapshots can remove in place, once
         self._checkpoint: _Checkpoint | None = None
         self.replayed_tokens = 0  # tokens evaluated again because a rollback could not keep them
-        self.memory_plan = MemoryPlan(KV, 0, 0) if vocab_only else self._plan_memory(memory)
+        self.memory_plan = MemoryPlan(MemoryKind.KV, 0, 0) if vocab_only else self._plan_memory(memory)
         self.load_s = time.perf_counter() - started  # prices loading a draft model of another size
 
     # -- tokenizer -------------------------------------------------------------------------------
@@ -353,7 +170,7 @@ class LlamaModel:
             return 0.0
         started = time.perf_counter()
         memory = self._ctx.memory
-        if self.memory_plan.memory == KV or drop <= self._removable:
+        if self.memory_plan.memory == MemoryKind.KV or drop <= self._removable:
             if not self._lib.llama_memory_seq_rm(memory, 0, n_past, -1):
                 raise LocalspecError(f"llama.cpp refused to roll {self.path.name} back to position {n_past}")
             del self.tokens[n_past:]
@@ -384,7 +201,7 @@ class LlamaModel:
     def checkpoint(self) -> float:
         """Save the recurrent state at the current position, so a later rollback to it or past it can
         restore it; returns the seconds it took. A no-op for a KV cache, which rolls back anywhere."""
-        if self.memory_plan.memory == KV:
+        if self.memory_plan.memory == MemoryKind.KV:
             return 0.0
         started = time.perf_counter()
         reuse = self._checkpoint.state if self._checkpoint is not None else None
@@ -410,9 +227,9 @@ class LlamaModel:
     def reset(self) -> None:
         self.rollback(0)
 
-    def _plan_memory(self, memory: str) -> MemoryPlan:
-        if memory == KV:
-            return MemoryPlan(KV, 0, 0)
+    def _plan_memory(self, memory: MemoryKind) -> MemoryPlan:
+        if memory == MemoryKind.KV:
+            return MemoryPlan(MemoryKind.KV, 0, 0)
         snapshots = int(self._lib.llama_n_rs_seq(self._ctx.ctx))
         # Save the state after one token (an empty one has no cells to save): it proves checkpoints work
         # here and sizes one.
@@ -444,16 +261,10 @@ class LlamaModel:
         if n == 0 or not 0 <= n_logits <= min(n, self.n_batch):
             raise ValueError(f"eval of {n} tokens cannot return {n_logits} logits rows")
         if self.n_past + n > self.n_ctx:
-            raise ContextFullError(
-                f"context window full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}; "
-                "use a larger --ctx or a shorter prompt"
-            )
+            raise ContextFullError(f"context window full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}")
         first_logit = n - n_logits
         started = time.perf_counter()
-        switch = _patched_cpu_lib() if prefill and self.kernels == EXACT else None
-        if switch is not None:
-            switch.ggml_exact_set_prefill(True)
-        try:
+        with prefill_paths(self.kernels) if prefill else contextlib.nullcontext():
             for start in range(0, n, self.n_batch):
                 chunk = tokens[start : start + self.n_batch]
                 self._decode(chunk, first_logit - start)
@@ -463,9 +274,6 @@ class LlamaModel:
                 self._removable = min(self.memory_plan.snapshots, len(chunk) - 1)
                 if progress is not None:
                     progress(start + len(chunk), n)
-        finally:
-            if switch is not None:
-                switch.ggml_exact_set_prefill(False)
         if n >= LARGE_EVAL:
             self.large_eval = (n, time.perf_counter() - started)
         if n_logits == 0:
@@ -490,7 +298,7 @@ class LlamaModel:
             # The memory may hold part of the chunk; drop it so `tokens` stays the truth. A recurrent state
             # cannot say how far it got, so it starts over.
             self._removable = 0
-            if self.memory_plan.memory == KV:
+            if self.memory_plan.memory == MemoryKind.KV:
                 self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
             else:
                 self._lib.llama_memory_clear(self._ctx.memory, True)
@@ -507,10 +315,10 @@ class LlamaModel:
                 f"threads {self.n_threads}",
                 f"gpu layers {self.n_gpu_layers}",
                 f"kernels {self.kernels}",
-                f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+                f"llama-cpp-python {llama_cpp_version()}",
                 cpu_model(),
                 # Snapshots are written on every pass; a dense model's identity stays as it was.
-                *([f"memory {self.memory_plan.method} {self.memory_plan.snapshots}"] if self.memory_plan.memory != KV else []),
+                *([f"memory {self.memory_plan.method} {self.memory_plan.snapshots}"] if self.memory_plan.memory != MemoryKind.KV else []),
             )
         )
 
@@ -537,54 +345,10 @@ class LlamaModel:
                 getattr(self, part).close()
 
 
-def _memory_kind(llama_cpp, model) -> str:
+def _memory_kind(llama_cpp, model) -> MemoryKind:
     if llama_cpp.llama_model_is_hybrid(model):
-        return HYBRID
-    return RECURRENT if llama_cpp.llama_model_is_recurrent(model) else KV
-
-
-# The AMX backend's own symbols/buffer-type name; "ggml_cpu_has_amx_int8" alone is only a feature probe.
-_AMX_BACKEND = re.compile(rb"ggml_backend_amx|\x00AMX\x00")
-
-
-@dataclass(frozen=True)
-class BuildInfo:
-    """What the installed llama-cpp-python was compiled with (for ``doctor``)."""
-
-    version: str
-    module: str  # where llama_cpp was imported from
-    system_info: str  # llama.cpp's own "CPU : AVX2 = 1 | ..." line
-    gpu_offload: str | None  # the GPU backends compiled in; None for a CPU-only build
-    kernels: str  # the default kernel mode on the CPU: EXACT with scripts/patches/llama-cpp-exact.patch
-    amx_backend: bool  # carries the AMX backend, which crashes on AMX CPUs (llama.cpp #20824)
-
-
-def build_info() -> BuildInfo:
-    """Inspect the installed build; raises whatever a broken native build raises on import."""
-    llama_cpp, _ = _import_llama_cpp()
-    system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    lib_dir = _lib_dir()
-    return BuildInfo(
-        version=importlib.metadata.version("llama-cpp-python"),
-        module=llama_cpp.__file__,
-        system_info=system_info,
-        gpu_offload=gpu_backends(lib_dir, system_info) if llama_cpp.llama_supports_gpu_offload() else None,
-        kernels=choose_kernels(exact=None, gpu_layers=0),
-        amx_backend=has_amx_backend(lib_dir, system_info),
-    )
-
-
-def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
-    """True when the build compiled AMX kernels: reported in system info or present in the shared libraries."""
-    if re.search(r"AMX\w* = 1", system_info):
-        return True
-    return any(_AMX_BACKEND.search(lib.read_bytes()) for lib in sorted(lib_dir.glob("*.so*")) + sorted(lib_dir.glob("*.dylib")))
-
-
-def gpu_backends(lib_dir: Path, system_info: str) -> str:
-    names = [name for name in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL") if name.lower() in system_info.lower()]
-    names += [lib.name for lib in lib_dir.glob("libggml-*") if any(n in lib.name for n in ("cuda", "metal", "vulkan", "hip"))]
-    return ", ".join(dict.fromkeys(names)) or "compiled in"
+        return MemoryKind.HYBRID
+    return MemoryKind.RECURRENT if llama_cpp.llama_model_is_recurrent(model) else MemoryKind.KV
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

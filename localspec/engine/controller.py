@@ -1,110 +1,72 @@
-"""Picks, every round, the method and draft length with the highest expected tokens per second.
+"""The planner: every round, of the drafters' offers, the one and the draft length with the highest
+expected tokens per second.
 
-Every cost is measured: a target pass per batch size, a draft-model step, the draft model's catch-up
-(before drafting it evaluates every token since its last use, the whole context the first time) and the
-Python overhead per round. Acceptance is a running estimate per proposer (per n-gram match length for
-prompt lookup). With acceptance a_i for draft token i given the ones before it (a constant a for the
-draft model; for lookup, the estimate for the match that token continues), drafting k tokens yields
-1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens for one target pass of k + 1 tokens plus k draft steps;
-"none" yields one token for a pass of one. Where nothing beats "none", it does not speculate.
+Costs are measured (costs.py), acceptance is a running estimate per drafter (estimates.py): drafting k
+tokens yields ``expected_tokens`` for one target pass of k + 1 tokens plus, for a model drafter, k draft
+steps; the target alone yields one token for a pass of one. Where nothing beats the target alone, it
+does not speculate, except for a bounded exploration: a copy drafter whose estimate may be too low (its
+hopeful rate would pay) is tried while the expected loss of such probes stays under ``EXPLORE_SHARE`` of
+the time the target alone would have taken for the tokens emitted so far, so a prior that is wrong on
+this CPU gets measured instead of written off.
 
-A draft model's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
-it, so in ``auto`` the draft is used only when its saving per token over the answer's expected remaining
-length exceeds that cost. Once
-its measured costs show it cannot beat the target alone even at a hopeful acceptance, ``auto`` leaves it
-off for the session and ``draft_status`` says why.
+A model drafter's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
+it, so in ``auto`` it is used only when its saving per token over the answer's expected remaining length
+exceeds that cost. Once its measured costs show it cannot beat the target alone even at a hopeful
+acceptance, ``auto`` leaves it off for the session and ``draft_status`` says why.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import statistics
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from localspec.engine.backend import MAX_VERIFY_BATCH
-from localspec.engine.stats import judged
+from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
+from localspec.engine.drafters import DRAFTERS
+from localspec.engine.drafting import COPY, FORCED, MODEL, TARGET_ALONE, Offer, Source
+from localspec.engine.estimates import Acceptance, MatchAcceptance, expected_tokens
+from localspec.engine.kernels import MAX_VERIFY_BATCH
+from localspec.engine.stats import Idle
 from localspec.errors import UsageError
 
 METHODS = ("none", "draft", "lookup", "hybrid", "auto")
 DEFAULT_METHOD = "auto"
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
+# The drafters each fixed method may use (hybrid: the draft model only where lookup offers nothing);
+# ``auto`` uses every registered one.
+METHOD_SOURCES = {
+    "none": frozenset(),
+    "lookup": frozenset({Source.GRAMMAR, Source.LOOKUP}),
+    "draft": frozenset({Source.GRAMMAR, Source.DRAFT}),
+    "hybrid": frozenset({Source.GRAMMAR, Source.LOOKUP, Source.DRAFT}),
+}
+DRAFTER_KINDS = {cls.source: cls.kind for cls in DRAFTERS}
 DEFAULT_LOOKUP_MAX = 64
 MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus the drafts
 DEFAULT_DRAFT_MAX = 16
-# Until a batch size is measured, assume each extra token adds this share of a one-token pass. A 2-core
-# CPU pays about a third of a pass per extra token in small batches; erring high keeps the first rounds
-# of an answer from probing at a loss, and a size in use is measured after one round.
-PRIOR_BATCH_SLOPE = 0.35
-MIN_SLOPE_BATCH = 4
-# Prior acceptance per drafted token, and how many rounds' worth of belief the prior carries.
-# Keyed by match length (4 stands for 4-7): a match of 8 tokens or more is a copy in progress, the
-# likelier to go on the longer it has run. Each draft position is judged by the match it continues
-# (position i of a draft after an m-token match continues an m + i match), so one long draft is valued
-# as a copy that firms up as it runs. Chosen by replay on the shipped workloads' greedy answers
-# (scripts/replay_lookup.py): code-edit 2.14x -> 2.20x at 192 tokens, geometric mean over slices and
-# answer lengths 1.338 -> 1.358; measured side by side in lockstep, summarize gained most.
-PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.95, 32: 0.98, 64: 0.99}
-PRIOR_DRAFT_ACCEPTANCE = 0.6
-# Suffix decoding (engine/suffix.py) copies earlier answers, priced like lookup by the length of the match
-# its occurrences share with the context, but from a store that holds other requests' answers: a short
-# match there is likelier chance than in the current conversation, so its priors start lower.
-PRIOR_SUFFIX_ACCEPTANCE = {1: 0.1, 4: 0.4, 8: 0.7, 16: 0.85, 32: 0.95}
-# The sources that draft by copying, each with an acceptance estimate per match length.
-COPY_PRIORS = {"lookup": PRIOR_LOOKUP_ACCEPTANCE, "suffix": PRIOR_SUFFIX_ACCEPTANCE}
-PRIOR_WEIGHT = 3.0
-# Lookup observations fade each round, so an estimate follows the text and an option written off long
-# ago drifts back toward its prior and gets tried again (a lookup probe costs one short pass). The draft
-# model's estimate fades only as it is used: trying it again costs a catch-up.
-FORGET = 0.98
-COST_EMA = 0.3
-# Pass costs are the median of the last few measurements: one pass slowed by another process on a
-# shared machine must not write off a batch size for the rest of the answer.
-COST_WINDOW = 7
-# A batch size with fewer samples than this is not yet trusted.
-TRUSTED_SAMPLES = 3
 # An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
 MIN_EXPECTED_REMAINING = 32
-# The draft model is switched off once it loses to the target alone even at its acceptance estimate plus
-# this many standard deviations.
-HOPEFUL_SIGMAS = 2.0
+# Exploration may lose at most this share of the time the target alone would take for the tokens emitted.
+EXPLORE_SHARE = 0.03
 
 
 @dataclass(frozen=True)
 class Plan:
-    method: str  # "none", "lookup", "suffix" or "draft"
-    k: int  # tokens to draft (0 for "none")
+    method: str  # the source to draft from, or TARGET_ALONE
+    k: int  # tokens to draft (0 for the target alone)
     expected_tokens: float
     expected_rate: float  # tokens per second, 0 when costs are not yet known
+    offer: Offer | None = None
+    explored: bool = False  # a probe of a drafter whose estimate may be too low
+    idle: Idle | None = None  # for the target alone: why
 
 
-class _Acceptance:
-    """Beta-style estimate of P(a drafted token is accepted | the ones before it were)."""
+def _target_only(why: Idle, rate: float = 0.0) -> Plan:
+    return Plan(TARGET_ALONE, 0, 1.0, rate, idle=why)
 
-    def __init__(self, prior: float) -> None:
-        self.prior = prior
-        self.accepted = 0.0
-        self.judged = 0.0
 
-    @property
-    def rate(self) -> float:
-        return (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
-
-    @property
-    def hopeful(self) -> float:
-        """The rate plus HOPEFUL_SIGMAS standard deviations: what it might still turn out to be."""
-        rate = self.rate
-        return min(1.0, rate + HOPEFUL_SIGMAS * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged)))
-
-    def record(self, drafted: int, accepted: int) -> None:
-        self.accepted += accepted
-        self.judged += judged(drafted, accepted)
-
-    def forget(self) -> None:
-        self.accepted *= FORGET
-        self.judged *= FORGET
+def method_uses(method: str, source: Source) -> bool:
+    """Whether ``method`` may draft from ``source`` (``auto``: any registered drafter)."""
+    return source in DRAFTER_KINDS if method == "auto" else source in METHOD_SOURCES[method]
 
 
 def check_method(method: str, *, has_draft_model: bool | None = None, given_as: str = "method") -> str:
@@ -119,22 +81,28 @@ def check_method(method: str, *, has_draft_model: bool | None = None, given_as: 
     return method
 
 
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens one round yields when drafting k tokens, each accepted with probability ``acceptance``."""
-    if acceptance >= 1.0:
-        return k + 1.0
-    return 1.0 + acceptance * (1.0 - acceptance**k) / (1.0 - acceptance)
+class _ModelDrafter:
+    """What the planner keeps about a model drafter: acceptance, costs, and whether auto gave it up."""
+
+    def __init__(self, prior: float, costs: ModelDrafterCosts) -> None:
+        self.acceptance = Acceptance(prior)
+        self.costs = costs
+        self.off: str | None = None  # why auto no longer uses it, once it has given up
+        self.declined: str | None = None  # why auto passed over it last time
 
 
 class Controller:
-    """Chooses a ``Plan`` per round from measured costs; see the module docstring for the model.
+    """Chooses a ``Plan`` per round from the offers; see the module docstring for the model.
 
     Args:
         method: one of METHODS; fixed methods still let the controller pick k unless ``draft_len`` is set.
         draft_len: fixed draft length, or None to let the controller choose (capped by it in "auto").
-        draft_cost_ratio: prior for (draft step time / one-token target pass) before it is measured,
-            e.g. the ratio of the model file sizes; also scales the prior for the draft's catch-up.
+        draft_cost_ratio: prior for (draft step time / one-token target pass) before it is measured.
         draft_load_s: seconds loading the draft model will take, charged to its first use.
+        rollback_window: rejected drafts a recurrent target removes in place (None: any, a KV cache); a
+            longer draft pays a checkpoint, and on a partial acceptance a restore and a replay.
+        speculation_off: why this target cannot speculate at all.
+        drafters: the drafter classes whose offers it prices (their ``source``, ``kind`` and ``prior``).
     """
 
     def __init__(
@@ -143,43 +111,30 @@ class Controller:
         *,
         draft_len: int | None = None,
         has_draft_model: bool = False,
-        draft_cost_ratio: float = 0.5,
+        draft_cost_ratio: float = DEFAULT_DRAFT_COST_RATIO,
         lookup_max: int = DEFAULT_LOOKUP_MAX,
         draft_max: int = DEFAULT_DRAFT_MAX,
         draft_load_s: float = 0.0,
         rollback_window: int | None = None,
         speculation_off: str | None = None,
+        drafters: Sequence[type] = DRAFTERS,
     ) -> None:
         self.has_draft_model = has_draft_model
-        # A recurrent target removes at most this many rejected drafts in place (None: any, a KV cache);
-        # a longer draft pays a checkpoint, and on a partial acceptance a restore and a replay.
         self.rollback_window = rollback_window
-        self.speculation_off = speculation_off  # why this target cannot speculate at all
-        self.draft_cost_ratio = draft_cost_ratio
-        self.draft_load_s = draft_load_s
+        self.speculation_off = speculation_off
         self._limits = (lookup_max, draft_max)
         self.configure(method, draft_len)
-        # One-token passes in seconds; larger passes relative to the one-token cost of their time, so a
-        # spell when another process slows the machine leaves no stale absolute cost for sizes that are
-        # then no longer in use.
-        self._pass_samples: dict[int, deque[float]] = {}
-        self._one: float | None = None
-        self._relative: dict[int, float] = {}
-        self._sizes: list[int] = []  # the measured batch sizes, sorted
-        self._unscaled: list[tuple[int, float]] = []  # passes measured before any one-token pass
-        self._draft_step: float | None = None
-        self._catch_up_per_token: float | None = None
-        self._overhead = 0.0
-        self._checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
-        self._restore_s: float | None = None  # restoring one, beyond the replay pass itself
-        self._copies = {
-            source: {bucket: _Acceptance(a) for bucket, a in priors.items()} for source, priors in COPY_PRIORS.items()
+        self.costs = Costs()
+        self._kinds = {cls.source: cls.kind for cls in drafters}
+        self._copies = {cls.source: MatchAcceptance(cls.prior) for cls in drafters if cls.kind == COPY}
+        self._models = {
+            cls.source: _ModelDrafter(cls.prior[1], ModelDrafterCosts(draft_cost_ratio, draft_load_s))
+            for cls in drafters
+            if cls.kind == MODEL
         }
-        # planning looks one up per draft position, so by bisection
-        self._buckets = {source: sorted(estimates) for source, estimates in self._copies.items()}
-        self._draft = _Acceptance(PRIOR_DRAFT_ACCEPTANCE)
-        self.draft_off: str | None = None  # why auto no longer uses the draft model, once it has given up
-        self._draft_declined: str | None = None  # why auto passed over the draft model last time
+        self._emitted = 0  # tokens emitted by all rounds so far (the exploration budget grows with them)
+        self._explore_loss = 0.0  # expected seconds the probes lost against the target alone
+        self._explored = 0  # rounds that probed
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -192,169 +147,72 @@ class Controller:
         self.lookup_max = lookup_max if draft_len is None else draft_len
         self.draft_max = draft_max if draft_len is None else draft_len
 
+    @property
+    def draft_limit(self) -> int:
+        """The most tokens any plan drafts: what a drafter's offer need not exceed."""
+        return max(self.lookup_max, self.draft_max)
+
+    def allows(self, source: Source) -> bool:
+        """Whether this method drafts from ``source`` at all (the decoder asks only those for offers)."""
+        return self.speculation_off is None and source in self._kinds and method_uses(self.method, source)
+
     # -- measurements ----------------------------------------------------------------------------
-    def record_pass(self, batch_size: int, seconds: float) -> None:
-        if batch_size != 1:
-            if self._one is None:
-                self._unscaled.append((batch_size, seconds))
-            else:
-                self._add_sample(batch_size, seconds / self._one)
-            return
-        self._one = self._add_sample(1, seconds)
-        self._relative[1] = 1.0
-        for batch, unscaled in self._unscaled:
-            self._add_sample(batch, unscaled / self._one)
-        self._unscaled.clear()
-
-    def _add_sample(self, batch_size: int, value: float) -> float:
-        samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
-        samples.append(value)
-        if batch_size not in self._relative:
-            self._sizes = sorted((*self._relative, batch_size))
-        median = self._relative[batch_size] = statistics.median(samples)
-        return median
-
-    def remember(self, relative: Mapping[int, float]) -> None:
-        """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
-
-        Each counts as a trusted measurement until passes of its size in this session outvote it.
-        """
-        for batch_size, value in relative.items():
-            if 1 < batch_size <= MAX_VERIFY_BATCH and batch_size not in self._relative:
-                for _ in range(TRUSTED_SAMPLES):
-                    self._add_sample(batch_size, value)
-
-    def relative_costs(self) -> dict[int, float]:
-        """Trusted verification pass costs relative to a one-token pass, for ``remember`` next session."""
-        return {
-            batch_size: value
-            for batch_size, value in self._relative.items()
-            if 1 < batch_size <= MAX_VERIFY_BATCH and len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
-        }
-
-    def _measured(self, batch_size: int) -> float:
-        return self._one * self._relative[batch_size]
-
-    def record_draft(self, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
-        """One round of the draft model: a catch-up batch (0 tokens when it was in step), then its steps."""
-        self.draft_load_s = 0.0  # loaded now
-        if catch_up_tokens:
-            self._catch_up_per_token = _ema(self._catch_up_per_token, catch_up_s / catch_up_tokens)
-        if steps:
-            self._draft_step = _ema(self._draft_step, steps_s / steps)
-
-    def record_checkpoint(self, seconds: float) -> None:
-        self._checkpoint_s = _ema(self._checkpoint_s, seconds)
-
-    def record_restore(self, seconds: float, replayed: int) -> None:
-        """A restored checkpoint and the ``replayed`` tokens evaluated again on it; the replay itself is
-        priced as a pass of that size, so only the rest is kept."""
-        replay = self.pass_cost(replayed) or 0.0
-        self._restore_s = _ema(self._restore_s, max(0.0, seconds - replay))
-
-    def record_overhead(self, seconds: float) -> None:
-        self._overhead += COST_EMA * (seconds - self._overhead)
-
     def record_round(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
+        """A round's outcome: ``accepted`` of ``drafted`` tokens from ``source`` (TARGET_ALONE: none)."""
+        self._emitted += accepted + 1
         for estimates in self._copies.values():
-            for estimate in estimates.values():
-                estimate.forget()
-        if source == "draft":
-            self._draft.forget()
-        if drafted and source in COPY_PRIORS:
-            # Draft position i continues a match of match_len + i tokens if the ones before it held.
-            for i in range(judged(drafted, accepted)):
-                self._estimate(source, match_len + i).record(1, int(i < accepted))
-        elif drafted:
-            self._estimate(source, match_len).record(drafted, accepted)
-        if source == "draft" and self.method == "auto" and self.draft_off is None:
-            self._check_draft()
+            estimates.forget()
+        model = self._models.get(source)
+        if model is not None:
+            model.acceptance.forget()
+        if not drafted:
+            return
+        if source in self._copies:
+            self._copies[source].record(match_len, drafted, accepted)
+        elif model is not None:
+            model.acceptance.record(drafted, accepted)
+            if self.method == "auto" and model.off is None:
+                self._check_model(model)
 
-    def _estimate(self, source: str, match_len: int) -> _Acceptance:
-        if source in COPY_PRIORS:
-            buckets = self._buckets[source]
-            return self._copies[source][buckets[bisect.bisect_right(buckets, max(1, match_len)) - 1]]
-        return self._draft
+    def record_draft(self, source: str, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
+        """A model drafter's measured work in one round."""
+        self._models[source].costs.record(catch_up_tokens, catch_up_s, steps, steps_s)
 
     def acceptance(self, source: str, match_len: int = 1) -> float:
-        return self._estimate(source, match_len).rate
+        if source in self._copies:
+            return self._copies[source].at(match_len).rate
+        return self._models[source].acceptance.rate
 
-    def pass_cost(self, batch_size: int) -> float | None:
-        """Measured seconds for a target pass, or an estimate for an unmeasured size.
+    def step_cost(self, source: str) -> float:
+        """Seconds one draft token of ``source`` costs (0 for a copy), None before any pass is measured."""
+        model = self._models.get(source)
+        return 0.0 if model is None else self.costs.step_cost(model.costs)
 
-        From the measured size below, the cost grows at the slope measured up to it (the prior slope
-        before there is one); that slope is trusted up to twice the size, and beyond, toward the next
-        measured size, the cost follows a straight line to it (a large pass, usually a prefill, is
-        cheaper per token: kernels switch, fixed costs spread). Erring high near measured sizes keeps
-        short drafts from probing at a loss; erring low far from them lets long drafts be tried, and a
-        size in use is measured after one round.
-        """
-        one = self._one
-        if one is None:
-            return None
-        measured = self._measured(batch_size) if batch_size in self._relative else None
-        if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
-            return measured
-        estimate = self._estimate_pass(batch_size, one)
-        # A size measured once or twice may have been slowed by another process: a guess from the other
-        # sizes keeps it in use until more samples settle it.
-        return estimate if measured is None else min(measured, estimate)
+    def round_seconds(self, source: str, k: int) -> float | None:
+        """Seconds a round drafting ``k`` tokens from ``source`` spends in the target pass and the drafter."""
+        verify, step = self.costs.pass_cost(k + 1), self.step_cost(source) if k else 0.0
+        return None if verify is None or step is None else verify + k * step
 
-    def _estimate_pass(self, batch_size: int, one: float) -> float:
-        sizes = self._sizes
-        i = bisect.bisect_left(sizes, batch_size)
-        below = sizes[i - 1]
-        if i < len(sizes) and sizes[i] == batch_size:
-            i += 1
-        above = sizes[i] if i < len(sizes) else None
-        low = self._measured(below)
-        # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
-        slope = PRIOR_BATCH_SLOPE * one
-        if below >= MIN_SLOPE_BATCH:
-            slope = (low - one) / (below - 1)
-        if above is None:
-            return low + slope * (batch_size - below)
-        high = self._measured(above)
-        reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
-        estimate = min(low + slope * (min(batch_size, reach) - below), high)
-        if batch_size > reach:
-            estimate += (batch_size - reach) / (above - reach) * (high - estimate)
-        # Where the measured sizes show costs rising faster than that, the straight line between them.
-        return max(estimate, low + (batch_size - below) / (above - below) * (high - low))
-
-    def draft_step_cost(self) -> float | None:
-        if self._draft_step is not None:
-            return self._draft_step
-        return None if self._one is None else self._one * self.draft_cost_ratio
-
-    def catch_up_cost(self, tokens: int) -> float:
-        """Seconds the draft model spends on a catch-up batch of ``tokens`` before its steps.
-
-        Until one is measured: the target's per-token cost in its largest measured pass (a prefill,
-        usually) scaled by the draft's cost ratio.
-        """
-        per_token = self._catch_up_per_token
-        if per_token is None:
-            largest = self._sizes[-1] if self._sizes and self._one is not None else None
-            per_token = 0.0 if largest is None else self._measured(largest) / largest * self.draft_cost_ratio
-        return tokens * per_token
-
-    def costs(self) -> dict:
-        """The controller's current beliefs, for stats and the live view."""
-        return {
+    def beliefs(self) -> dict:
+        """The controller's current costs and estimates, for stats and the live view."""
+        costs = self.costs
+        draft = self._models.get(Source.DRAFT)
+        figures = {
             # Remembered sizes are relative to a one-token pass, which a fixed draft length never times.
-            "pass_s": {} if self._one is None else {b: round(self._measured(b), 5) for b in self._sizes},
-            "draft_step_s": None if self._draft_step is None else round(self._draft_step, 5),
+            "pass_s": {b: round(s, 5) for b, s in costs.measured_passes().items()},
+            "draft_step_s": None if draft is None or draft.costs.step_s is None else round(draft.costs.step_s, 5),
             "draft_catch_up_s_per_token": None
-            if self._catch_up_per_token is None
-            else round(self._catch_up_per_token, 6),
-            "overhead_s": round(self._overhead, 5),
-            "checkpoint_s": None if self._checkpoint_s is None else round(self._checkpoint_s, 5),
-            "restore_s": None if self._restore_s is None else round(self._restore_s, 5),
-            "lookup_acceptance": {b: round(e.rate, 3) for b, e in self._copies["lookup"].items()},
-            "suffix_acceptance": {b: round(e.rate, 3) for b, e in self._copies["suffix"].items()},
-            "draft_acceptance": round(self._draft.rate, 3),
+            if draft is None or draft.costs.catch_up_per_token is None
+            else round(draft.costs.catch_up_per_token, 6),
+            "overhead_s": round(costs.overhead, 5),
+            "checkpoint_s": None if costs.checkpoint_s is None else round(costs.checkpoint_s, 5),
+            "restore_s": None if costs.restore_s is None else round(costs.restore_s, 5),
+            **{f"{source}_acceptance": estimates.summary() for source, estimates in self._copies.items()},
+            **{f"{source}_acceptance": round(m.acceptance.rate, 3) for source, m in self._models.items()},
+            "explored_rounds": self._explored,
+            "exploration_loss_s": round(self._explore_loss, 4),
         }
+        return figures
 
     def draft_status(self) -> str | None:
         """Why ``auto`` does or does not use the draft model, in one line; None without a draft model."""
@@ -366,135 +224,161 @@ class Controller:
             return f"in use: --method {self.method}"
         if self.method != "auto":
             return f"not used: --method {self.method}"
-        if self.draft_off is not None:
-            return f"off for this session: {self.draft_off}"
-        return self._draft_declined or "in use: expected to beat the target alone at the latest choice"
+        model = self._models[Source.DRAFT]
+        if model.off is not None:
+            return f"off for this session: {model.off}"
+        return model.declined or "in use: expected to beat the target alone at the latest choice"
 
     # -- decisions -------------------------------------------------------------------------------
-    def _copy_rates(self, source: str, match_len: int, k_max: int) -> list[float]:
-        """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
-        copy in progress is expected to run on longer the further it has already run."""
-        return [self.acceptance(source, match_len + i) for i in range(k_max)]
-
-    def _best(self, source: str, rates: Sequence[float], step_cost: float) -> Plan | None:
+    def _best(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
         best = None
-        tokens, reach = 1.0, 1.0
+        totals = expected_tokens(rates)
         window = self.rollback_window
+        costs = self.costs
         restore = 0.0  # expected restore-and-replay seconds, should the draft be rolled back from a checkpoint
-        for k, rate_i in enumerate(rates, start=1):
+        for k in range(1, len(rates) + 1):
             if window is not None:
                 # k - 1 drafts accepted, the k-th rejected: replay the last token and those k - 1.
-                restore += reach * (1.0 - rate_i) * ((self._restore_s or 0.0) + self.pass_cost(k))
-            reach *= rate_i
-            tokens += reach
-            pass_cost = self.pass_cost(k + 1)
+                reach = totals[k - 1] - (totals[k - 2] if k > 1 else 0.0)
+                restore += reach * (1.0 - rates[k - 1]) * ((costs.restore_s or 0.0) + costs.pass_cost(k))
+            pass_cost = costs.pass_cost(k + 1)
             if window is not None and k > window:
-                pass_cost += (self._checkpoint_s or 0.0) + restore
-            rate = tokens / (pass_cost + k * step_cost + self._overhead)
+                pass_cost += (costs.checkpoint_s or 0.0) + restore
+            rate = totals[k] / (pass_cost + k * step_cost + costs.overhead)
             if best is None or rate > best.expected_rate:
-                best = Plan(source, k, tokens, rate)
+                best = Plan(source, k, totals[k], rate, offer)
         return best
 
     def _none_rate(self) -> float:
-        return 1.0 / (self._one + self._overhead)
+        return 1.0 / (self.costs.one + self.costs.overhead)
 
-    def _check_draft(self) -> None:
-        """Give the draft model up for the session once its measured costs show it cannot pay."""
-        step = self._draft_step
+    def _check_model(self, model: _ModelDrafter) -> None:
+        """Give a model drafter up for the session once its measured costs show it cannot pay."""
+        step = model.costs.step_s
         if step is None:
             return
-        hopeful = self._draft.hopeful
-        best = self._best("draft", [hopeful] * self.draft_max, step)
+        hopeful = model.acceptance.hopeful
+        best = self._best(Source.DRAFT, [hopeful] * self.draft_max, step, None)
         none = self._none_rate()
         if best.expected_rate <= none:
-            self.draft_off = (
-                f"a draft step costs {step / self._one:.2f} of a target step (measured), so even "
+            model.off = (
+                f"a draft step costs {step / self.costs.one:.2f} of a target step (measured), so even "
                 f"at {hopeful:.0%} acceptance drafting would run at {best.expected_rate / none:.2f}x the target alone"
             )
 
-    def _draft_option(self, rival: Plan, catch_up: Callable[[], int], expected_remaining: float) -> Plan | None:
-        """The draft plan for auto if it beats ``rival`` this round and repays its catch-up; else None,
-        with the reason kept for ``draft_status``."""
-        step = self.draft_step_cost()
-        best = self._best("draft", [self._draft.rate] * self.draft_max, step)
-        measured = "measured" if self._draft_step is not None else "expected"
+    def _model_option(self, offer: Offer, rival: Plan, expected_remaining: float) -> Plan | None:
+        """The model drafter's plan for auto if it beats ``rival`` this round and repays its catch-up; else
+        None, with the reason kept for ``draft_status``."""
+        model = self._models[offer.source]
+        step = self.costs.step_cost(model.costs)
+        rate = model.acceptance.rate
+        best = self._best(offer.source, [rate] * min(self.draft_max, offer.available), step, offer)
+        measured = "measured" if model.costs.step_s is not None else "expected"
         none = self._none_rate()
         if best.expected_rate <= rival.expected_rate:
             if best.expected_rate > none:
-                self._draft_declined = "not used at the latest choice: prompt lookup was expected to do better"
+                model.declined = "not used at the latest choice: prompt lookup was expected to do better"
                 return None
-            self._draft_declined = (
-                f"not used: at {self._draft.rate:.0%} acceptance and a step of "
-                f"{step / self._one:.2f} target steps ({measured}), drafting would run at "
-                f"{best.expected_rate / none:.2f}x the target alone"
+            model.declined = (
+                f"not used: at {rate:.0%} acceptance and a step of {step / self.costs.one:.2f} target steps "
+                f"({measured}), drafting would run at {best.expected_rate / none:.2f}x the target alone"
             )
             return None
         saving = expected_remaining * (1.0 / none - 1.0 / best.expected_rate)
-        tokens = catch_up()
-        cost = self.catch_up_cost(tokens) + self.draft_load_s
+        tokens = offer.catch_up()
+        cost = self.costs.catch_up_cost(model.costs, tokens) + model.costs.load_s
         if cost >= saving:
-            loading = "loading it and " if self.draft_load_s else ""
-            self._draft_declined = (
+            loading = "loading it and " if model.costs.load_s else ""
+            model.declined = (
                 f"not used: {loading}catching up on {tokens} tokens would cost {cost:.2f} s, more than the "
                 f"{saving:.2f} s it could save over the rest of the answer"
             )
             return None
-        self._draft_declined = None
+        model.declined = None
         return best
 
-    def plan(
-        self,
-        *,
-        lookup_available: int,
-        lookup_match_len: int,
-        draft_catch_up: Callable[[], int] = lambda: 0,
-        generated: int = 0,
-        remaining: int | None = None,
-        suffix_available: int = 0,
-        suffix_match_len: int = 0,
-    ) -> Plan:
-        """Choose this round's plan.
+    def _probe(self, offers: Sequence[Offer]) -> Plan | None:
+        """A copy drafter worth trying although its estimate loses: its hopeful rate would pay and the
+        exploration budget covers the expected loss at its estimate."""
+        none = self._none_rate()
+        base = 1.0 / none  # seconds per token of the target alone
+        budget = EXPLORE_SHARE * self._emitted * base - self._explore_loss
+        best = None
+        for offer in offers:
+            estimates = self._copies.get(offer.source)
+            if estimates is None:
+                continue
+            k_max = min(offer.available, self.lookup_max)
+            hopeful = self._best(offer.source, estimates.rates(offer.match_len, k_max, hopeful=True), 0.0, offer)
+            if hopeful.expected_rate <= none:
+                continue
+            expected = expected_tokens(estimates.rates(offer.match_len, hopeful.k))[-1]
+            loss = hopeful.expected_tokens / hopeful.expected_rate - expected * base
+            if loss <= budget and (best is None or hopeful.expected_rate > best[0].expected_rate):
+                best = (hopeful, max(loss, 0.0))
+        if best is None:
+            return None
+        plan, loss = best
+        self._explore_loss += loss
+        self._explored += 1
+        return Plan(plan.method, plan.k, plan.expected_tokens, plan.expected_rate, plan.offer, explored=True)
+
+    def plan(self, offers: Iterable[Offer], *, generated: int = 0, remaining: int | None = None) -> Plan:
+        """Choose this round's plan from the drafters' ``offers`` (taken lazily: a forced offer ends them).
 
         Args:
-            lookup_available: how many tokens prompt lookup can draft now.
-            lookup_match_len: the length of the match those tokens continue.
-            draft_catch_up: gives the tokens the draft model would evaluate before drafting (the whole
-                context before its first use); called only when the draft model is in question.
             generated, remaining: tokens of the answer so far and left in its budget (None: unbounded).
-            suffix_available, suffix_match_len: the same for suffix decoding's draft (``auto`` only).
         """
         method = self.method
-        lookup_k = min(lookup_available, self.lookup_max)
-        if method == "none" or (method == "lookup" and lookup_k == 0) or self.speculation_off is not None:
-            return Plan("none", 0, 1.0, 0.0)
+        if method == "none":
+            return _target_only(Idle.METHOD_NONE)
+        if self.speculation_off is not None:
+            return _target_only(Idle.NO_ROLLBACK)
+        offered: dict[str, Offer] = {}
+        for offer in offers:
+            if offer.available <= 0 or not self.allows(offer.source):
+                continue
+            if self._kinds[offer.source] == FORCED:  # certain tokens, drafted for free
+                return Plan(offer.source, offer.available, offer.available + 1.0, 0.0, offer)
+            offered.setdefault(offer.source, offer)
+        lookup = offered.get(Source.LOOKUP)
+        if method == "hybrid" and lookup is not None:
+            offered.pop(Source.DRAFT, None)  # hybrid drafts with the model only where lookup has nothing
         if self.draft_len is not None and method != "auto":
-            if method == "lookup" or (method == "hybrid" and lookup_k > 0):
-                return Plan("lookup", lookup_k, 0.0, 0.0)
-            return Plan("draft", self.draft_len, 0.0, 0.0)
-        if len(self._pass_samples.get(1, ())) < TRUSTED_SAMPLES:
+            if lookup is not None:
+                return Plan(Source.LOOKUP, min(lookup.available, self.lookup_max), 0.0, 0.0, lookup)
+            draft = offered.get(Source.DRAFT)
+            return _target_only(Idle.NOTHING_OFFERED) if draft is None else Plan(Source.DRAFT, self.draft_len, 0.0, 0.0, draft)
+        if self.costs.one_token_samples() < TRUSTED_SAMPLES:
             # Every choice is priced against a one-token pass, so measure a few first (one alone may have
             # been slowed by another process, or by the first pass after a prefill).
-            return Plan("none", 0, 1.0, 0.0)
+            return _target_only(Idle.MEASURING)
+        if not offered:
+            return _target_only(Idle.NOTHING_OFFERED)
 
-        options: list[Plan] = []
-        if method == "auto":
-            options.append(Plan("none", 0, 1.0, self._none_rate()))
-        if lookup_k > 0 and method in ("lookup", "hybrid", "auto"):
-            options.append(self._best("lookup", self._copy_rates("lookup", lookup_match_len, lookup_k), 0.0))
-        suffix_k = min(suffix_available, self.lookup_max)
-        if suffix_k > 0 and method == "auto":
-            options.append(self._best("suffix", self._copy_rates("suffix", suffix_match_len, suffix_k), 0.0))
-        if method == "draft" or (method == "hybrid" and lookup_k == 0):
-            options.append(self._best("draft", [self._draft.rate] * self.draft_max, self.draft_step_cost()))
+        options = [_target_only(Idle.PRICED_OUT, self._none_rate())] if method == "auto" else []
+        models = []
+        for source, offer in offered.items():
+            if source in self._copies:
+                k_max = min(offer.available, self.lookup_max)
+                options.append(self._best(source, self._copies[source].rates(offer.match_len, k_max), 0.0, offer))
+            elif method != "auto":
+                model = self._models[source]
+                rates = [model.acceptance.rate] * self.draft_max
+                options.append(self._best(source, rates, self.costs.step_cost(model.costs), offer))
+            elif self._models[source].off is None:
+                models.append(offer)
         best = max(options, key=lambda plan: plan.expected_rate)
-        if method == "auto" and self.has_draft_model and self.draft_off is None:
+        for offer in models:
             expected = max(generated, MIN_EXPECTED_REMAINING)
             if remaining is not None:
                 expected = min(expected, remaining)
-            best = self._draft_option(best, draft_catch_up, expected) or best
+            best = self._model_option(offer, best, expected) or best
+        if best.method == TARGET_ALONE:
+            best = self._probe(list(offered.values())) or best
         return best
 
-
-def _ema(old: float | None, sample: float) -> float:
-    return sample if old is None else old + COST_EMA * (sample - old)
+    def remember(self, relative: Mapping[int, float]) -> None:
+        """Seed pass costs measured in earlier sessions on this machine (see ``Costs.remember``)."""
+        self.costs.remember(relative)

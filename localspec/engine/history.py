@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.engine.backend import LlamaModel
+from localspec.engine.drafting import COPY, BaseDrafter, Draft, Offer, RoundState, Source
 from localspec.engine.suffix import SEPARATOR, SuffixIndex
 from localspec.paths import temp_beside
 
@@ -51,7 +52,7 @@ def tokenizer_identity(model: LlamaModel) -> str:
 
 
 class HistoryStore:
-    """Earlier answers in a ``SuffixIndex``, saved to ``path`` after each one (never saved when None).
+    """Earlier answers in a ``SuffixIndex``, written to ``path`` by ``save`` (never when None).
 
     Args:
         path: the history file, or None for a store in memory only (the benchmark's).
@@ -71,14 +72,13 @@ class HistoryStore:
         return len(self.index)
 
     def add(self, lead: Sequence[int], answer: Sequence[int]) -> None:
-        """Remember an answer (after the last ``LEAD_TOKENS`` of its prompt) and save the history."""
+        """Remember an answer (after the last ``LEAD_TOKENS`` of its prompt); ``save`` writes it."""
         if not answer or not self.learning:
             return
         self.index.add([*lead[-LEAD_TOKENS:], *answer])
         if len(self.index) > self.max_tokens:
             # Down to 7/8 of the bound, so the rebuild this costs is not repeated with every answer.
             self.index = SuffixIndex(_newest(self.index.tokens, self.max_tokens * 7 // 8))
-        self.save()
 
     def record(self, sources: Sequence[int], accepted: int) -> None:
         """Remember how a suffix draft fared (see ``SuffixIndex.record``): in memory only, until the session ends
@@ -101,6 +101,47 @@ class HistoryStore:
                 os.replace(tmp, self.path)
         except OSError:
             pass
+
+
+# Suffix decoding copies earlier answers, priced like lookup by the length of the match its occurrences
+# share with the context, but from a store that holds other requests' answers: a short match there is
+# likelier chance than in the current conversation, so its priors start lower.
+PRIOR_SUFFIX_ACCEPTANCE = {1: 0.1, 4: 0.4, 8: 0.7, 16: 0.85, 32: 0.95}
+
+
+class SuffixDrafter(BaseDrafter):
+    """Suffix decoding as a drafter: offers the continuation earlier answers best support; tells the
+    history how each draft fared, and hands it the answer at the end."""
+
+    source = Source.SUFFIX
+    kind = COPY
+    prior = PRIOR_SUFFIX_ACCEPTANCE
+
+    def __init__(self, history: HistoryStore) -> None:
+        self.history = history
+        self._prompt: Sequence[int] = ()
+
+    @classmethod
+    def make(cls, inputs) -> SuffixDrafter | None:
+        return None if inputs.history is None else cls(inputs.history)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._prompt = prompt
+
+    def offer(self, state: RoundState) -> Offer | None:
+        draft = self.history.index.propose(state.context, state.limit)
+        if not draft.tokens:
+            return None
+        return Offer(self.source, len(draft.tokens), draft.match_len, draft.tokens, sources=draft.sources)
+
+    def draft(self, offer: Offer, k: int, state: RoundState) -> Draft:
+        return Draft(list(offer.tokens[:k]), None, self.source)
+
+    def judged(self, offer: Offer, draft: Draft, accepted: int) -> None:
+        self.history.record(offer.sources[: len(draft.tokens)], accepted)
+
+    def end(self, context: Sequence[int]) -> None:
+        self.history.add(self._prompt, context[len(self._prompt) :])
 
 
 def read_tokens(path: Path) -> np.ndarray:

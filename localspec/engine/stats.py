@@ -4,11 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
+
+from localspec.engine.drafting import TARGET_ALONE
 
 
 def judged(drafted: int, accepted: int) -> int:
     """Draft positions one round judged: the target checks drafts up to and including the first rejection."""
     return min(drafted, accepted + 1)
+
+
+class Idle(str, Enum):
+    """Why the planner kept a round to the target alone (the words every front end shows)."""
+
+    METHOD_NONE = "the method is none"
+    NO_ROLLBACK = "this target's memory cannot roll back"
+    MEASURING = "the answer ended while the target's passes were still being timed"
+    NOTHING_OFFERED = "nothing to copy here"
+    PRICED_OUT = "nothing on offer was expected to beat the target alone"
+    UNSURE = "the draft model was unsure of its next token"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 @dataclass
@@ -18,7 +35,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually evaluated (the rest came from the KV cache)
     generated_tokens: int = 0
-    rounds: int = 0  # verification rounds = target forward passes after prefill
+    rounds: int = 0  # target passes that produced a token: the prefill's, then one per verification
     drafted: int = 0
     accepted: int = 0
     drafted_by_method: dict[str, int] = field(default_factory=dict)
@@ -35,13 +52,20 @@ class GenerationStats:
     replayed_tokens: int = 0  # tokens evaluated again because a recurrent state could not cut them out
     first_token_s: float | None = None  # time to first token, from the start of the generation
     stop_reason: str | None = None
-    kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/backend.py
+    kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/kernels.py
     memory: str = ""  # the target's memory and how it rolls back (MemoryPlan.describe)
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
     draft_status: str | None = None  # whether auto uses the draft model and why; None without one
+    explored_rounds: int = 0  # rounds that probed a drafter whose estimate may be too low
+    idle: dict[str, int] = field(default_factory=dict)  # rounds kept to the target alone, by Idle reason
+    memory_kind: str = ""  # the target's MemoryKind
 
-    def record_round(self, method: str, drafted: int, accepted: int) -> None:
+    def record_round(self, method: str, drafted: int, accepted: int, *, idle: Idle | None = None,
+                     explored: bool = False) -> None:
         self.rounds += 1
+        self.explored_rounds += explored
+        if idle is not None:
+            self.idle[idle] = self.idle.get(idle, 0) + 1
         self.rounds_by_method[method] = self.rounds_by_method.get(method, 0) + 1
         if drafted == 0:
             return
@@ -63,11 +87,12 @@ class GenerationStats:
         total = cls()
         for s in generations:
             for name in ("prompt_tokens", "prefill_tokens", "generated_tokens", "rounds", "drafted", "accepted",
-                         "prefill_s", "draft_s", "verify_s", "overhead_s", "rollback_s", "replayed_tokens"):
+                         "prefill_s", "draft_s", "verify_s", "overhead_s", "rollback_s", "replayed_tokens",
+                         "explored_rounds"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             for mine, theirs in ((total.drafted_by_method, s.drafted_by_method),
                                  (total.accepted_by_method, s.accepted_by_method),
-                                 (total.rounds_by_method, s.rounds_by_method)):
+                                 (total.rounds_by_method, s.rounds_by_method), (total.idle, s.idle)):
                 for method, n in theirs.items():
                     mine[method] = mine.get(method, 0) + n
             for mine, theirs in ((total.per_position_drafted, s.per_position_drafted),
@@ -138,4 +163,34 @@ class GenerationStats:
             "memory": self.memory,
             "controller": self.controller,
             "draft_status": self.draft_status,
+            "explored_rounds": self.explored_rounds,
+            "controller_note": self.controller_note,
         }
+
+    @property
+    def controller_note(self) -> str:
+        """What the controller did in this answer, in a few words; also when it drafted nothing."""
+        if not self.drafted:
+            reason = max(self.idle, key=self.idle.get) if self.idle else Idle.MEASURING
+            return f"no drafts: {reason}"
+        speculated = self.rounds - self.rounds_by_method.get(TARGET_ALONE, 0)
+        sources = ", ".join(f"{m} {n}" for m, n in sorted(self.rounds_by_method.items()) if m != TARGET_ALONE)
+        probes = f"; {self.explored_rounds} exploratory" if self.explored_rounds else ""
+        return f"drafted in {speculated} of {self.rounds} rounds ({sources}{probes})"
+
+    def summary_line(self) -> str:
+        """One plain line of figures for the end of an answer (the CLI's and the server log's)."""
+        parts = [f"{self.generated_tokens} tokens", f"{self.decode_tok_per_s:.1f} tok/s", f"{self.rounds} target passes"]
+        if self.drafted:
+            by_method = ", ".join(
+                f"{m} {self.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(self.drafted_by_method.items())
+            )
+            parts.append(f"accepted {self.acceptance_rate:.0%} ({by_method})")
+            parts.append(f"{self.mean_accepted_length:.2f} tokens/pass")
+        parts.append(self.controller_note)
+        parts.append(f"prefill {self.prefill_tokens} tok in {self.prefill_s:.2f}s")
+        if self.replayed_tokens:
+            parts.append(f"{self.replayed_tokens} tokens replayed ({self.rollback_s:.2f}s on rollbacks)")
+        parts.append(f"stop: {self.stop_reason}")
+        parts.append(f"{self.kernels} kernels")
+        return " | ".join(parts)

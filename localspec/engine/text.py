@@ -5,20 +5,22 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import Step
+
+if TYPE_CHECKING:
+    from localspec.engine.decoder import Step
 
 
-# GenerationStats.stop_reason when a stop string ended the answer (set by whoever streams the text, from
-# the last piece's ``stop``).
+# GenerationStats.stop_reason when a stop string ended the answer (SpeculativeDecoder.stream sets it).
 STOP_STRING = "stop_string"
 
 
 @dataclass
 class TextPiece:
     text: str
-    source: str  # "target", "draft", "lookup", "suffix" or "grammar": where the token(s) behind this text came from
+    source: str  # a drafting.Source: where the token(s) behind this text came from
     step: Step  # the round it belongs to, for live figures
     stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 

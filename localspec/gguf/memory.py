@@ -1,6 +1,6 @@
 """What a GGUF's architecture keeps in memory, read from its header alone (for ``check`` and ``doctor``).
 
-A loaded model asks llama.cpp itself (``engine.backend.MemoryPlan``); this table answers before any load,
+A loaded model asks llama.cpp itself (``engine.memory.MemoryPlan``); this table answers before any load,
 from a header fetched over HTTP too. It copies the pinned llama.cpp's lists (src/llama-arch.cpp:
 ``llm_arch_is_recurrent``, ``llm_arch_is_hybrid``, ``llm_arch_supports_rs_rollback``), and
 ``tests/test_memory.py`` checks it against llama.cpp on generated models.
@@ -9,6 +9,19 @@ from a header fetched over HTTP too. It copies the pinned llama.cpp's lists (src
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
+
+
+class MemoryKind(str, Enum):
+    """What a model keeps in memory, and so how positions are taken back out of it."""
+
+    KV = "kv"  # attention only: llama.cpp cuts any trailing positions out of the KV cache
+    HYBRID = "hybrid"  # attention beside a recurrent state (Qwen3.5/3.6, LFM2, Nemotron-H, Granite 4)
+    RECURRENT = "recurrent"  # a recurrent state only (Mamba, RWKV)
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
 
 RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 HYBRID_ARCHITECTURES = frozenset({
@@ -28,22 +41,22 @@ def architecture(header: Mapping[str, object]) -> str:
     return value if isinstance(value, str) else "unknown"
 
 
-def memory_kind(arch: str) -> str:
-    """"kv", "hybrid" or "recurrent" (the names engine.backend uses)."""
+def memory_kind(arch: str) -> MemoryKind:
     if arch in RECURRENT_ARCHITECTURES:
-        return "recurrent"
-    return "hybrid" if arch in HYBRID_ARCHITECTURES else "kv"
+        return MemoryKind.RECURRENT
+    return MemoryKind.HYBRID if arch in HYBRID_ARCHITECTURES else MemoryKind.KV
 
 
 def speculation_note(arch: str) -> str:
     """One line: the memory this architecture keeps and what speculation does with it."""
     kind = memory_kind(arch)
-    if kind == "kv":
+    if kind == MemoryKind.KV:
         return f"{arch}: KV cache only; rejected drafts are cut out in place"
     if arch in SNAPSHOT_ARCHITECTURES:
+        # Snapshots are off unless asked for: every pass would pay to write them.
         return (
-            f"{arch}: {kind} (recurrent state); short verifications roll back through per-token snapshots, "
-            "longer ones through a checkpoint and a replay of the accepted tokens"
+            f"{arch}: {kind} (recurrent state); every verification saves a checkpoint and replays the accepted "
+            "tokens after a rejection, or rolls back through per-token snapshots where they are switched on (--snapshots)"
         )
     return (
         f"{arch}: {kind} (recurrent state, no snapshots in llama.cpp); every verification saves a checkpoint "

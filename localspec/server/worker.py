@@ -21,14 +21,12 @@ from localspec.conversation import TEMPLATE_KEY, Conversation
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
-from localspec.engine.text import STOP_STRING, stream_text
-from localspec.errors import ContextFullError, GrammarError, LocalspecError, TemplateError, UsageError
+from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.tool_calls import (
     GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
     detect_syntax, generic_tool_messages,
 )
-from localspec.tui import summary_line
 
 DEFAULT_MAX_QUEUE = 8
 
@@ -167,6 +165,11 @@ class GenerationWorker:
                 job.emit(Failed(exc))
             except GrammarError as exc:
                 job.emit(Failed(APIError(400, str(exc), code="invalid_schema")))
+            except PromptTooLong as exc:
+                job.emit(Failed(APIError(
+                    400, f"the prompt is {exc.n_prompt} tokens but the context window is {exc.n_ctx} tokens; "
+                         "send a shorter prompt or restart the server with a larger --ctx",
+                    code="context_length_exceeded")))
             except (UsageError, ContextFullError, TemplateError) as exc:
                 job.emit(Failed(APIError(400, str(exc))))
             except LocalspecError as exc:
@@ -221,15 +224,8 @@ class GenerationWorker:
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
         prompt = self._prompt(request)
-        n_ctx = decoder.target.n_ctx
-        if len(prompt) >= n_ctx:
-            raise APIError(
-                400, f"the prompt is {len(prompt)} tokens but the context window is {n_ctx} tokens; "
-                     "send a shorter prompt or restart the server with a larger --ctx",
-                code="context_length_exceeded",
-            )
         # Without a limit, generate until the end of the answer or of the context window.
-        max_tokens = request.max_tokens or self.max_tokens or n_ctx - len(prompt)
+        max_tokens = request.max_tokens or self.max_tokens or decoder.target.n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
 
         def abandon_if_cancelled(done: int, total: int) -> None:
@@ -237,8 +233,8 @@ class GenerationWorker:
             if job.cancelled:
                 raise _Cancelled
 
-        steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                 prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
+        text = decoder.stream(prompt, stop=request.stop, max_tokens=max_tokens, sampling=sampling,
+                              prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
 
@@ -248,13 +244,11 @@ class GenerationWorker:
                     job.emit(delta)  # a call past the first is answered only with parallel_tool_calls
 
         stop = None
-        with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
+        with closing(text) as pieces:
             for piece in pieces:
                 if job.cancelled:
                     return
                 stop = piece.stop
-                if stop:
-                    decoder.stats.stop_reason = STOP_STRING  # the round may also have used up the budget
                 if piece.text:
                     emit(parser.feed(piece.text) if parser else [TextDelta(piece.text)])
         if parser:
@@ -262,4 +256,4 @@ class GenerationWorker:
         stats = decoder.stats
         job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
         log.info("%s | %d prompt tokens (%d reused) | %s", request.api, stats.prompt_tokens,
-                 stats.prompt_tokens - stats.prefill_tokens, summary_line(stats))
+                 stats.prompt_tokens - stats.prefill_tokens, stats.summary_line())

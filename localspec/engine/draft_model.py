@@ -1,20 +1,16 @@
-"""Proposers turn the context into draft tokens for the target to verify.
-
-Two kinds: ``PromptLookupProposer`` (lookup.py) copies spans the session has already seen and is a point
-mass; ``DraftModelProposer`` runs a small model with its own KV cache and, when sampling, keeps q, the
-distribution each draft token was actually drawn from.
-"""
+"""The draft-model drafter: a small model of the same tokenizer, with its own KV cache, drafts token by
+token; when sampling it keeps q, the distribution each draft token was actually drawn from."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localspec.engine.backend import LlamaModel
+from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
 from localspec.engine.sampling import SamplingParams, probabilities, sample
 
 if TYPE_CHECKING:
@@ -27,19 +23,11 @@ DEFAULT_MIN_CONFIDENCE = 0.5
 STEADY_CATCH_UP = 2
 
 
-@dataclass
-class Draft:
-    tokens: list[int]
-    # q[i] is the draft distribution at position i, or None for a deterministic proposer (point mass).
-    q: list[np.ndarray] | None
-    source: str  # "draft", "lookup" or "suffix"
-    catch_up_tokens: int = 0  # context tokens the draft model evaluated as a batch before its steps
-    catch_up_s: float = 0.0
-    steps: int = 0  # draft-model passes of one or two tokens, each giving the next draft token's logits
-    steps_s: float = 0.0
+# Prior acceptance of a draft token until measured.
+PRIOR_DRAFT_ACCEPTANCE = 0.6
 
 
-class DraftModelProposer:
+class DraftModelProposer(BaseDrafter):
     """A small model of the same tokenizer that drafts up to k tokens per round.
 
     Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
@@ -48,6 +36,10 @@ class DraftModelProposer:
     of is rarely accepted and still costs a target row.
     The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
     """
+
+    source = Source.DRAFT
+    kind = MODEL
+    prior = {1: PRIOR_DRAFT_ACCEPTANCE}
 
     def __init__(self, load: Callable[[], LlamaModel], *, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> None:
         self._load = load
@@ -67,6 +59,20 @@ class DraftModelProposer:
     def another(self) -> DraftModelProposer:
         """A proposer on the same weights (loaded on its first use) with a KV cache of its own."""
         return DraftModelProposer(lambda: self.model.another_context(), min_confidence=self.min_confidence)
+
+    @classmethod
+    def make(cls, inputs) -> DraftModelProposer | None:
+        return inputs.draft
+
+    def offer(self, state: RoundState) -> Offer:
+        context = state.context
+        return Offer(self.source, state.limit, catch_up=lambda: self.catch_up(context))
+
+    def draft(self, offer: Offer, k: int, state: RoundState) -> Draft:
+        return self.propose(state.context, k, state.sampling, state.rng, constraint=state.constraint)
+
+    def end(self, context: Sequence[int]) -> None:
+        self.sync(context)
 
     def catch_up(self, context: Sequence[int]) -> int:
         """How many context tokens the next ``propose`` evaluates as a batch before its steps (nearly the
@@ -127,7 +133,7 @@ class DraftModelProposer:
         if constraint is not None:
             constraint.step_back(followed)  # the draft only looked ahead; verification decides
         q = None if sampling.greedy else qs
-        return Draft(tokens, q, "draft", batch, catch_up_s, steps, perf_counter() - started - catch_up_s)
+        return Draft(tokens, q, self.source, batch, catch_up_s, steps, perf_counter() - started - catch_up_s)
 
     def sync(self, context: Sequence[int]) -> None:
         """Drop whatever the draft's KV cache holds beyond the agreed context (e.g. after an interrupt)."""

@@ -1,0 +1,195 @@
+"""What speculating costs on this machine, as measured: target passes per batch size, a model drafter's
+steps and catch-up, the Python overhead per round, and a recurrent target's checkpoints and restores.
+
+Pass costs are kept relative to a one-token pass of their time, so a spell when another process slows
+the machine leaves no stale absolute cost for sizes that are then no longer in use; each is the median
+of the last few measurements, so one slow pass does not write a batch size off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from collections.abc import Mapping
+
+from localspec.engine.kernels import MAX_VERIFY_BATCH
+
+# Until a batch size is measured, assume each extra token adds this share of a one-token pass. A 2-core
+# CPU pays about a third of a pass per extra token in small batches; erring high keeps the first rounds
+# of an answer from probing at a loss, and a size in use is measured after one round.
+PRIOR_BATCH_SLOPE = 0.35
+MIN_SLOPE_BATCH = 4
+# A draft model's step before it is measured, relative to a target step, when nothing better is known
+# (open_decoder passes the ratio of the model files' sizes).
+DEFAULT_DRAFT_COST_RATIO = 0.5
+COST_EMA = 0.3
+COST_WINDOW = 7
+# A batch size with fewer samples than this is not yet trusted.
+TRUSTED_SAMPLES = 3
+
+
+def _ema(old: float | None, sample: float) -> float:
+    return sample if old is None else old + COST_EMA * (sample - old)
+
+
+class ModelDrafterCosts:
+    """A model drafter's step and catch-up costs, from a prior ratio to the target until measured.
+
+    Args:
+        cost_ratio: prior for (draft step time / one-token target pass), e.g. the ratio of the model
+            file sizes; also scales the prior for the catch-up.
+        load_s: seconds loading the model will take, charged to its first use.
+    """
+
+    def __init__(self, cost_ratio: float = DEFAULT_DRAFT_COST_RATIO, load_s: float = 0.0) -> None:
+        self.cost_ratio = cost_ratio
+        self.load_s = load_s
+        self.step_s: float | None = None
+        self.catch_up_per_token: float | None = None
+
+    def record(self, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
+        """One draft: a catch-up batch (0 tokens when it was in step), then its steps."""
+        self.load_s = 0.0  # loaded now
+        if catch_up_tokens:
+            self.catch_up_per_token = _ema(self.catch_up_per_token, catch_up_s / catch_up_tokens)
+        if steps:
+            self.step_s = _ema(self.step_s, steps_s / steps)
+
+
+class Costs:
+    """Measured costs, and estimates for what is not measured yet."""
+
+    def __init__(self) -> None:
+        self._pass_samples: dict[int, deque[float]] = {}
+        self.one: float | None = None  # a one-token pass in seconds
+        self._relative: dict[int, float] = {}  # larger passes relative to a one-token pass
+        self._sizes: list[int] = []  # the measured batch sizes, sorted
+        self._unscaled: list[tuple[int, float]] = []  # passes measured before any one-token pass
+        self.overhead = 0.0
+        self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
+        self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
+
+    # -- target passes ---------------------------------------------------------------------------
+    def record_pass(self, batch_size: int, seconds: float) -> None:
+        if batch_size != 1:
+            if self.one is None:
+                self._unscaled.append((batch_size, seconds))
+            else:
+                self._add_sample(batch_size, seconds / self.one)
+            return
+        self.one = self._add_sample(1, seconds)
+        self._relative[1] = 1.0
+        for batch, unscaled in self._unscaled:
+            self._add_sample(batch, unscaled / self.one)
+        self._unscaled.clear()
+
+    def one_token_samples(self) -> int:
+        return len(self._pass_samples.get(1, ()))
+
+    def _add_sample(self, batch_size: int, value: float) -> float:
+        samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
+        samples.append(value)
+        if batch_size not in self._relative:
+            self._sizes = sorted((*self._relative, batch_size))
+        median = self._relative[batch_size] = statistics.median(samples)
+        return median
+
+    def remember(self, relative: Mapping[int, float]) -> None:
+        """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
+
+        Each counts as a trusted measurement until passes of its size in this session outvote it.
+        """
+        for batch_size, value in relative.items():
+            if 1 < batch_size <= MAX_VERIFY_BATCH and batch_size not in self._relative:
+                for _ in range(TRUSTED_SAMPLES):
+                    self._add_sample(batch_size, value)
+
+    def relative_costs(self) -> dict[int, float]:
+        """Trusted verification pass costs relative to a one-token pass, for ``remember`` next session."""
+        return {
+            batch_size: value
+            for batch_size, value in self._relative.items()
+            if 1 < batch_size <= MAX_VERIFY_BATCH and len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
+        }
+
+    def measured_passes(self) -> dict[int, float]:
+        """Seconds per measured batch size (none before a one-token pass gives them a scale)."""
+        return {} if self.one is None else {b: self._measured(b) for b in self._sizes}
+
+    def _measured(self, batch_size: int) -> float:
+        return self.one * self._relative[batch_size]
+
+    def pass_cost(self, batch_size: int) -> float | None:
+        """Measured seconds for a target pass, or an estimate for an unmeasured size.
+
+        From the measured size below, the cost grows at the slope measured up to it (the prior slope
+        before there is one); that slope is trusted up to twice the size, and beyond, toward the next
+        measured size, the cost follows a straight line to it (a large pass, usually a prefill, is
+        cheaper per token: kernels switch, fixed costs spread). Erring high near measured sizes keeps
+        short drafts from probing at a loss; erring low far from them lets long drafts be tried, and a
+        size in use is measured after one round.
+        """
+        one = self.one
+        if one is None:
+            return None
+        measured = self._measured(batch_size) if batch_size in self._relative else None
+        if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
+            return measured
+        estimate = self._estimate_pass(batch_size, one)
+        # A size measured once or twice may have been slowed by another process: a guess from the other
+        # sizes keeps it in use until more samples settle it.
+        return estimate if measured is None else min(measured, estimate)
+
+    def _estimate_pass(self, batch_size: int, one: float) -> float:
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, batch_size)
+        below = sizes[i - 1]
+        if i < len(sizes) and sizes[i] == batch_size:
+            i += 1
+        above = sizes[i] if i < len(sizes) else None
+        low = self._measured(below)
+        # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
+        slope = PRIOR_BATCH_SLOPE * one
+        if below >= MIN_SLOPE_BATCH:
+            slope = (low - one) / (below - 1)
+        if above is None:
+            return low + slope * (batch_size - below)
+        high = self._measured(above)
+        reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
+        estimate = min(low + slope * (min(batch_size, reach) - below), high)
+        if batch_size > reach:
+            estimate += (batch_size - reach) / (above - reach) * (high - estimate)
+        # Where the measured sizes show costs rising faster than that, the straight line between them.
+        return max(estimate, low + (batch_size - below) / (above - below) * (high - low))
+
+    # -- the rest of a round ---------------------------------------------------------------------
+    def record_checkpoint(self, seconds: float) -> None:
+        self.checkpoint_s = _ema(self.checkpoint_s, seconds)
+
+    def record_restore(self, seconds: float, replayed: int) -> None:
+        """A restored checkpoint and the ``replayed`` tokens evaluated again on it; the replay itself is
+        priced as a pass of that size, so only the rest is kept."""
+        replay = self.pass_cost(replayed) or 0.0
+        self.restore_s = _ema(self.restore_s, max(0.0, seconds - replay))
+
+    def record_overhead(self, seconds: float) -> None:
+        self.overhead += COST_EMA * (seconds - self.overhead)
+
+    # -- model drafters --------------------------------------------------------------------------
+    def step_cost(self, model: ModelDrafterCosts) -> float | None:
+        if model.step_s is not None:
+            return model.step_s
+        return None if self.one is None else self.one * model.cost_ratio
+
+    def catch_up_cost(self, model: ModelDrafterCosts, tokens: int) -> float:
+        """Seconds a model drafter spends on a catch-up batch of ``tokens`` before its steps.
+
+        Until one is measured: the target's per-token cost in its largest measured pass (a prefill,
+        usually) scaled by the drafter's cost ratio.
+        """
+        per_token = model.catch_up_per_token
+        if per_token is None:
+            largest = self._sizes[-1] if self._sizes and self.one is not None else None
+            per_token = 0.0 if largest is None else self._measured(largest) / largest * model.cost_ratio
+        return tokens * per_token

@@ -1,0 +1,93 @@
+"""Acceptance estimates per drafter, and the expected value of a draft.
+
+With acceptance a_i for draft token i given the ones before it, drafting k tokens yields
+1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens for one target pass of k + 1 tokens (``expected_tokens``: the
+one sum the planner and the benchmark's prediction both use). A copy drafter's estimate is kept per match
+length (position i of a draft after an m-token match continues an m + i match), a model drafter's is
+one number.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+
+from localspec.engine.stats import judged
+
+# How many rounds' worth of belief a prior carries.
+PRIOR_WEIGHT = 3.0
+# Copy observations fade each round, so an estimate follows the text and an option written off long ago
+# drifts back toward its prior and gets tried again (a copy probe costs one short pass). A model
+# drafter's estimate fades only as it is used: trying it again costs a catch-up.
+FORGET = 0.98
+# The upper bound planning may hope for: the rate plus this many standard deviations.
+HOPEFUL_SIGMAS = 2.0
+
+
+def expected_tokens(rates: Sequence[float]) -> list[float]:
+    """Expected tokens one round yields for each draft length 0..len(rates); ``rates[i]``: P(draft token
+    i accepted | those before it were). The target's own token always comes."""
+    totals = [1.0]
+    reach = 1.0
+    for rate in rates:
+        reach *= rate
+        totals.append(totals[-1] + reach)
+    return totals
+
+
+class Acceptance:
+    """Beta-style estimate of P(a drafted token is accepted | the ones before it were)."""
+
+    def __init__(self, prior: float) -> None:
+        self.prior = prior
+        self.accepted = 0.0
+        self.judged = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
+
+    @property
+    def hopeful(self) -> float:
+        """The rate plus HOPEFUL_SIGMAS standard deviations: what it might still turn out to be."""
+        rate = self.rate
+        return min(1.0, rate + HOPEFUL_SIGMAS * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged)))
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.judged += judged(drafted, accepted)
+
+    def forget(self) -> None:
+        self.accepted *= FORGET
+        self.judged *= FORGET
+
+
+class MatchAcceptance:
+    """Acceptance per match length, bucketed as the prior's keys (4 stands for 4-7 if 8 is the next)."""
+
+    def __init__(self, prior: Mapping[int, float]) -> None:
+        self.buckets = {length: Acceptance(a) for length, a in prior.items()}
+        self._lengths = sorted(self.buckets)  # planning looks one up per draft position, so by bisection
+
+    def at(self, match_len: int) -> Acceptance:
+        lengths = self._lengths
+        return self.buckets[lengths[bisect.bisect_right(lengths, max(1, match_len)) - 1]]
+
+    def rates(self, match_len: int, k_max: int, *, hopeful: bool = False) -> list[float]:
+        """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
+        copy in progress is expected to run on longer the further it has already run."""
+        estimates = [self.at(match_len + i) for i in range(k_max)]
+        return [e.hopeful if hopeful else e.rate for e in estimates]
+
+    def record(self, match_len: int, drafted: int, accepted: int) -> None:
+        """Draft position i continues a match of match_len + i tokens if the ones before it held."""
+        for i in range(judged(drafted, accepted)):
+            self.at(match_len + i).record(1, int(i < accepted))
+
+    def forget(self) -> None:
+        for estimate in self.buckets.values():
+            estimate.forget()
+
+    def summary(self) -> dict[int, float]:
+        return {length: round(e.rate, 3) for length, e in self.buckets.items()}

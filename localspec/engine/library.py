@@ -1,0 +1,56 @@
+"""Loading llama-cpp-python: its log routed through LOCALSPEC_DEBUG, and where its shared libraries are.
+
+Only the public module is imported here; ``backend.py`` is the one module that reaches into its internals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+_log_callback = None  # kept referenced: llama.cpp holds a raw pointer to it
+
+
+def load_llama_cpp():
+    """The ``llama_cpp`` module, with llama.cpp's log sent to stderr only when LOCALSPEC_DEBUG is set.
+
+    llama-cpp-python's own callback maps ggml's log levels with an outdated table, so warnings such as
+    "n_ctx_seq > n_ctx_train" would reach the terminal even with verbose=False.
+    """
+    global _log_callback
+    import llama_cpp
+
+    if _log_callback is None:
+
+        @llama_cpp.llama_log_callback
+        def callback(level, text, user_data):
+            if os.environ.get("LOCALSPEC_DEBUG"):
+                sys.stderr.write(text.decode("utf-8", "replace"))
+
+        _log_callback = callback
+        llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    return llama_cpp
+
+
+def lib_dir() -> Path:
+    """Where llama-cpp-python loads llama.cpp's shared libraries from (it honours LLAMA_CPP_LIB_PATH too)."""
+    llama_cpp = load_llama_cpp()
+    return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
+
+
+def loaded_cpu_library() -> Path | None:
+    """The file llama.cpp's CPU backend runs from. A wheel holds libggml-cpu.so, .so.0 and .so.0.x as separate
+    copies on Linux, and another copy than the one llama.cpp loaded would have globals of its own."""
+    directory = lib_dir()  # imports llama_cpp, which loads the backend
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        for line in maps.read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and Path(fields[5]).name.startswith("libggml-cpu."):
+                return Path(fields[5])
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        if (directory / name).exists():
+            return directory / name
+    return None
