@@ -13,9 +13,11 @@ from typing import Union
 
 from localspec import paths, store
 from localspec.engine.backend import DEFAULT_N_CTX, LlamaModel
+from localspec.engine.controller import method_uses
 from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.draft_model import DraftModelProposer
+from localspec.engine.drafting import Source
 from localspec.engine.history import HistoryStore, tokenizer_identity
 from localspec.engine.kernels import EXACT
 from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
@@ -139,6 +141,7 @@ def open_decoder(
         n_gpu_layers=options.gpu_layers,
         exact=options.exact,
         rollback_snapshots=options.rollback_snapshots,
+        load_mtp=method_uses(method, Source.MTP),  # the model's own head, if it has one
     )
     # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
     draft_exact = target.kernels == EXACT

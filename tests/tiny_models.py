@@ -130,6 +130,15 @@ class TinySpec:
     pre_tokenizer: str | None = None
     # Extra metadata, e.g. {"tokenizer.ggml.eot_token_id": 2}; values are written with their Python type.
     extra: dict = field(default_factory=dict)
+    # qwen35 only: a multi-token-prediction (MTP, "nextn") block after the trunk, as Qwen3.5/3.6 ship it
+    # (block_count = n_layers + 1, nextn_predict_layers = 1); llama.cpp loads it with load_mtp.
+    mtp: bool = False
+    # A trunk whose layers add nothing (their output projections are zero): the target predicts the next
+    # token from the current one alone. With ``mtp_agrees`` the head then predicts exactly what the target
+    # will (its block adds nothing and eh_proj passes the token embedding through), so every greedy draft
+    # is accepted by construction.
+    bigram_trunk: bool = False
+    mtp_agrees: bool = False
 
 
 def _types_for(tokens: list[str]) -> list[int]:
@@ -282,8 +291,31 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
         # Mamba blocks are the SSM alone, without a feed-forward.
         ffn = _feed_forward(spec, mat) if spec.architecture != "mamba" else {}
         block = {"attn_norm.weight": _ones(d)} | mixer | ffn
+        if spec.bigram_trunk:
+            block = _silenced(block)
         tensors |= {f"blk.{i}.{name}": array for name, array in block.items()}
+    if spec.mtp:
+        tensors |= {f"blk.{spec.n_layers}.{name}": array for name, array in _mtp_block(spec, mat).items()}
     return tensors
+
+
+# The projections that write a block's contribution into the residual stream.
+_BLOCK_OUTPUTS = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight")
+
+
+def _silenced(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.zeros_like(a) if name in _BLOCK_OUTPUTS else a for name, a in block.items()}
+
+
+def _mtp_block(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    """Qwen3.5's MTP block: a full-attention block fed eh_proj([enorm(embed(token)), hnorm(hidden)])."""
+    d = spec.n_embd
+    block = {"attn_norm.weight": _ones(d)} | _attention(spec, mat) | _feed_forward(spec, mat)
+    eh_proj = mat(d, 2 * d)
+    if spec.mtp_agrees:
+        block = _silenced(block)
+        eh_proj = np.hstack([np.eye(d, dtype=np.float32), np.zeros((d, d), dtype=np.float32)])
+    return block | {"nextn.eh_proj.weight": eh_proj, "nextn.enorm.weight": _ones(d), "nextn.hnorm.weight": _ones(d)}
 
 
 def _add_attention_hparams(writer: gguf.GGUFWriter, spec: TinySpec, n_head_kv: int | list[int]) -> None:
@@ -354,8 +386,12 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     writer.add_name(f"tiny-{spec.seed}")
     writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layers)
+    writer.add_block_count(spec.n_layers + spec.mtp)
     HPARAM_WRITERS[spec.architecture](writer, spec)
+    if spec.mtp:
+        if spec.architecture != "qwen35":
+            raise ValueError("an MTP block is written for qwen35 only")
+        writer.add_uint32(f"{spec.architecture}.nextn_predict_layers", 1)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if spec.f16 else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model(spec.tokenizer_model)

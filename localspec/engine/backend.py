@@ -57,12 +57,14 @@ class LlamaModel:
         vocab_only: bool = False,
         exact: bool | None = None,
         rollback_snapshots: int = DEFAULT_ROLLBACK_SNAPSHOTS,
+        load_mtp: bool = False,
     ) -> None:
         """Load ``path``; with ``vocab_only`` just the tokenizer (no weights, no context: tokenize only).
 
         ``exact``: None picks bit-exact verification where it costs nothing, True forces it, False runs
         stock kernels (see ``choose_kernels``). ``rollback_snapshots``: recurrent-state snapshots to keep
-        per pass where the architecture supports them (see DEFAULT_ROLLBACK_SNAPSHOTS).
+        per pass where the architecture supports them (see DEFAULT_ROLLBACK_SNAPSHOTS). ``load_mtp``: load
+        the model's built-in MTP head too (llama.cpp skips its tensors otherwise), for ``MtpHead``.
         """
         llama_cpp = load_llama_cpp()
         from llama_cpp import _internals as internals
@@ -79,6 +81,7 @@ class LlamaModel:
         model_params.n_gpu_layers = 0 if self.kernels == EXACT else n_gpu_layers
         model_params.use_extra_bufts = not slow_exact
         model_params.vocab_only = vocab_only
+        model_params.load_mtp = load_mtp and not vocab_only
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = n_ctx
         context_params.n_batch = context_params.n_ubatch = n_batch
@@ -114,6 +117,11 @@ class LlamaModel:
         self.bos_id: int = self._model.token_bos()
         self.eos_id: int = self._model.token_eos()
         self.metadata: dict[str, str] = self._model.metadata()
+        # MTP heads loaded with the model (0 unless load_mtp and the file has them).
+        self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model.model)) if model_params.load_mtp else 0
+        # With capture_hidden: row p is the last hidden state of the token at position p, written by every
+        # pass over p, so rows below n_past always belong to the tokens the memory holds.
+        self.hidden: np.ndarray | None = None
         self._removable = 0  # trailing positions the last pass's snapshots can remove in place, once
         self._checkpoint: _Checkpoint | None = None
         self.replayed_tokens = 0  # tokens evaluated again because a rollback could not keep them
@@ -294,6 +302,8 @@ class LlamaModel:
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_logit
         code = self._lib.llama_decode(self._ctx.ctx, batch)
+        if code == 0 and self.hidden is not None:
+            self._keep_hidden(n_past, len(chunk))
         if code != 0:
             # The memory may hold part of the chunk; drop it so `tokens` stays the truth. A recurrent state
             # cannot say how far it got, so it starts over.
@@ -305,6 +315,35 @@ class LlamaModel:
                 self.tokens.clear()
                 self._checkpoint = None
             raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
+
+    def capture_hidden(self) -> None:
+        """From now on keep every pass's last hidden state per position in ``hidden`` (what an MTP head
+        reads). The last layer then runs on every token of a prompt, not only the last one."""
+        if self.hidden is None:
+            self.reset()  # what the memory holds now was evaluated without them
+            llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, False)
+            self.hidden = np.zeros((0, self.n_embd_out), dtype=np.float32)
+
+    @property
+    def n_params(self) -> int:
+        return int(self._model.n_params())
+
+    @property
+    def n_layers(self) -> int:
+        """Trunk layers (an MTP head's block not counted)."""
+        return int(self._lib.llama_model_n_layer(self._model.model))
+
+    @property
+    def n_embd_out(self) -> int:
+        return int(self._lib.llama_model_n_embd_out(self._model.model)) or self._model.n_embd()
+
+    def _keep_hidden(self, n_past: int, n: int) -> None:
+        rows = np.ctypeslib.as_array(llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx), shape=(n, self.n_embd_out))
+        if len(self.hidden) < n_past + n:  # grows by doubling, up to the context size
+            grown = np.zeros((min(self.n_ctx, max(2 * len(self.hidden), n_past + n, 64)), self.n_embd_out), np.float32)
+            grown[: len(self.hidden)] = self.hidden
+            self.hidden = grown
+        self.hidden[n_past : n_past + n] = rows
 
     def cost_identity(self) -> str:
         """What sets this model's pass costs on this machine: file, threads, offload, kernels, build, CPU."""
@@ -337,12 +376,97 @@ class LlamaModel:
         other._removable = 0
         other._checkpoint = None
         other.replayed_tokens = 0
+        other.hidden = None
         return other
 
     def close(self) -> None:
         for part in ("_batch", "_ctx") if self._shares_model else ("_batch", "_ctx", "_model"):
             if hasattr(self, part):
                 getattr(self, part).close()
+
+
+class MtpHead:
+    """A model's built-in MTP head (loaded with ``load_mtp``) on a context of its own beside the target's.
+
+    Entry p of the head's KV cache is built from the token at p and the target's last hidden state at
+    p - 1 (``LlamaModel.hidden``); ``tokens`` mirrors the entries. ``eval`` appends entries and returns
+    the last one's logits (the head's guess of the token after it) and the head's own hidden state, which
+    a chained step feeds back where the target's is not known yet. Its memory is a plain KV cache (the head
+    is one attention block, on hybrid targets too), so it rolls back anywhere.
+    """
+
+    def __init__(self, target: LlamaModel) -> None:
+        if not target.mtp_layers:
+            raise LocalspecError(f"{target.path.name} has no MTP head loaded")
+        lib = self._lib = target._lib
+        params = type(target._context_params).from_buffer_copy(target._context_params)
+        params.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx.ctx
+        params.n_rs_seq = 0
+        self.n_embd = target.n_embd_out
+        self.n_vocab = target.n_vocab
+        self.n_batch = target.n_batch
+        try:
+            self._ctx = target._internals.LlamaContext(model=target._model, params=params, verbose=False)
+        except ValueError as exc:
+            raise LocalspecError(f"llama.cpp could not open the MTP head of {target.path.name}: {exc}") from exc
+        llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, True)
+        self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)
+        # llama_batch_init allocates either tokens or embeddings; the head's graph reads both.
+        self._token_buffer = (lib.llama_token * self.n_batch)()
+        self._batch.token = self._token_buffer
+        self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
+        self.tokens: list[int] = []
+
+    def eval(self, tokens: Sequence[int], hidden: np.ndarray, *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+        """Append entries for ``tokens`` (``hidden[i]``: the target's hidden state before ``tokens[i]``);
+        with ``logits``, return (the last entry's logits, the head's hidden state there)."""
+        batch = self._batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            n_past = len(self.tokens)
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = logits and start + i == len(tokens) - 1
+            self._embd[: len(chunk)] = hidden[start : start + len(chunk)]
+            code = self._lib.llama_decode(self._ctx.ctx, batch)
+            if code != 0:
+                self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
+                raise LocalspecError(f"llama_decode of the MTP head failed with code {code} at position {n_past}")
+            self.tokens.extend(chunk)
+        if not logits:
+            return None
+        last = len(tokens) - 1 - start
+        row = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx.ctx, last), shape=(self.n_vocab,)).copy()
+        state = np.ctypeslib.as_array(llama_cpp_ext().llama_get_embeddings_nextn_ith(self._ctx.ctx, last), shape=(self.n_embd,))
+        return row, state.copy()
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < len(self.tokens):
+            if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1):
+                raise LocalspecError(f"llama.cpp refused to roll the MTP head back to position {n_past}")
+            del self.tokens[n_past:]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, tokens)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.token = ctypes.POINTER(self._lib.llama_token)()  # ours, not llama.cpp's to free
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+            self._ctx.close()
+
+
+def llama_cpp_ext():
+    """llama-cpp-python's bindings of llama.cpp's staging API (the MTP head's), imported on first use."""
+    from llama_cpp import llama_cpp_ext as ext
+
+    return ext
 
 
 def _memory_kind(llama_cpp, model) -> MemoryKind:

@@ -28,7 +28,7 @@ from localspec.engine.kernels import MAX_VERIFY_BATCH
 from localspec.engine.stats import Idle
 from localspec.errors import UsageError
 
-METHODS = ("none", "draft", "lookup", "hybrid", "auto")
+METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "auto")
 DEFAULT_METHOD = "auto"
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
 # The drafters each fixed method may use (hybrid: the draft model only where lookup offers nothing);
@@ -38,6 +38,7 @@ METHOD_SOURCES = {
     "lookup": frozenset({Source.GRAMMAR, Source.LOOKUP}),
     "draft": frozenset({Source.GRAMMAR, Source.DRAFT}),
     "hybrid": frozenset({Source.GRAMMAR, Source.LOOKUP, Source.DRAFT}),
+    "mtp": frozenset({Source.GRAMMAR, Source.MTP}),
 }
 DRAFTER_KINDS = {cls.source: cls.kind for cls in DRAFTERS}
 DEFAULT_LOOKUP_MAX = 64
@@ -69,8 +70,12 @@ def method_uses(method: str, source: Source) -> bool:
     return source in DRAFTER_KINDS if method == "auto" else source in METHOD_SOURCES[method]
 
 
-def check_method(method: str, *, has_draft_model: bool | None = None, given_as: str = "method") -> str:
-    """The one check of a method name, and (when ``has_draft_model`` is known) that it can run.
+def check_method(
+    method: str, *, has_draft_model: bool | None = None, mtp_head: str | None = None, given_as: str = "method"
+) -> str:
+    """The one check of a method name, and (when ``has_draft_model`` / ``mtp_head`` are known) that it can run.
+
+    ``mtp_head``: why the target's MTP head cannot draft ("" when it can, None when not known).
 
     ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there.
     """
@@ -78,6 +83,8 @@ def check_method(method: str, *, has_draft_model: bool | None = None, given_as: 
         raise UsageError(f"unknown {given_as} {method!r}; use one of {', '.join(METHODS)}")
     if has_draft_model is False and method in DRAFT_MODEL_METHODS:
         raise UsageError(f"{given_as} {method} needs a draft model: pass --draft PATH or use --profile")
+    if mtp_head and method == "mtp":
+        raise UsageError(f"{given_as} mtp needs the target's own MTP head: {mtp_head} ('localspec check' lists a model's heads)")
     return method
 
 
@@ -103,6 +110,9 @@ class Controller:
             longer draft pays a checkpoint, and on a partial acceptance a restore and a replay.
         speculation_off: why this target cannot speculate at all.
         drafters: the drafter classes whose offers it prices (their ``source``, ``kind`` and ``prior``).
+        step_cost_ratios: model drafters that know their own prior step cost (an MTP head from its shapes),
+            and need no loading; the others take ``draft_cost_ratio`` and ``draft_load_s``.
+        mtp_head: why the target's MTP head cannot draft, "" when it can (see ``check_method``).
     """
 
     def __init__(
@@ -118,8 +128,11 @@ class Controller:
         rollback_window: int | None = None,
         speculation_off: str | None = None,
         drafters: Sequence[type] = DRAFTERS,
+        step_cost_ratios: Mapping[str, float] = {},
+        mtp_head: str | None = None,
     ) -> None:
         self.has_draft_model = has_draft_model
+        self.mtp_head = mtp_head
         self.rollback_window = rollback_window
         self.speculation_off = speculation_off
         self._limits = (lookup_max, draft_max)
@@ -128,7 +141,12 @@ class Controller:
         self._kinds = {cls.source: cls.kind for cls in drafters}
         self._copies = {cls.source: MatchAcceptance(cls.prior) for cls in drafters if cls.kind == COPY}
         self._models = {
-            cls.source: _ModelDrafter(cls.prior[1], ModelDrafterCosts(draft_cost_ratio, draft_load_s))
+            cls.source: _ModelDrafter(
+                cls.prior[1],
+                ModelDrafterCosts(step_cost_ratios[cls.source], 0.0)
+                if cls.source in step_cost_ratios
+                else ModelDrafterCosts(draft_cost_ratio, draft_load_s),
+            )
             for cls in drafters
             if cls.kind == MODEL
         }
@@ -138,7 +156,7 @@ class Controller:
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
-        check_method(method, has_draft_model=self.has_draft_model)
+        check_method(method, has_draft_model=self.has_draft_model, mtp_head=self.mtp_head)
         if draft_len is not None and not 1 <= draft_len <= MAX_DRAFT_LEN:
             raise UsageError(f"draft length must be between 1 and {MAX_DRAFT_LEN}, got {draft_len}")
         lookup_max, draft_max = self._limits
@@ -348,8 +366,8 @@ class Controller:
         if self.draft_len is not None and method != "auto":
             if lookup is not None:
                 return Plan(Source.LOOKUP, min(lookup.available, self.lookup_max), 0.0, 0.0, lookup)
-            draft = offered.get(Source.DRAFT)
-            return _target_only(Idle.NOTHING_OFFERED) if draft is None else Plan(Source.DRAFT, self.draft_len, 0.0, 0.0, draft)
+            model = next((o for s, o in offered.items() if self._kinds[s] == MODEL), None)
+            return _target_only(Idle.NOTHING_OFFERED) if model is None else Plan(model.source, self.draft_len, 0.0, 0.0, model)
         if self.costs.one_token_samples() < TRUSTED_SAMPLES:
             # Every choice is priced against a one-token pass, so measure a few first (one alone may have
             # been slowed by another process, or by the first pass after a prefill).

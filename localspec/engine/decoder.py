@@ -25,6 +25,7 @@ from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.drafters import DrafterInputs, make_drafters
 from localspec.engine.drafting import FORCED, MODEL, NO_DRAFT, TARGET_ALONE, BaseDrafter, Draft, RoundState, Source
 from localspec.engine.history import HistoryStore
+from localspec.engine.mtp import unsupported_heads
 from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
 from localspec.engine.stats import GenerationStats, Idle
 from localspec.engine.text import STOP_STRING, TextPiece, stream_text
@@ -82,6 +83,8 @@ class SpeculativeDecoder:
             draft_load_s=0.0 if draft is None or draft.loaded else draft_load_s,
             rollback_window=target.memory_plan.rollback_window,
             speculation_off=target.memory_plan.refused,
+            step_cost_ratios={d.source: d.cost_ratio for d in self.drafters if d.cost_ratio is not None},
+            mtp_head="" if any(d.source == Source.MTP for d in self.drafters) else unsupported_heads(target.mtp_layers),
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer

@@ -10,6 +10,7 @@ from localspec.engine.drafting import BaseDrafter
 from localspec.engine.grammar_drafter import GrammarDrafter
 from localspec.engine.history import HistoryStore, SuffixDrafter
 from localspec.engine.lookup import LookupDrafter
+from localspec.engine.mtp import MtpDrafter
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,9 @@ class DrafterInputs:
 
 
 # In the order the planner breaks ties in. A new drafter adds its class (with a ``make(inputs)``) here.
-DRAFTERS: tuple[type[BaseDrafter], ...] = (GrammarDrafter, LookupDrafter, SuffixDrafter, DraftModelProposer)
+DRAFTERS: tuple[type[BaseDrafter], ...] = (
+    GrammarDrafter, LookupDrafter, SuffixDrafter, DraftModelProposer, MtpDrafter,
+)
 
 
 def make_drafters(inputs: DrafterInputs) -> list[BaseDrafter]:

@@ -44,6 +44,7 @@ class Source(str, Enum):
     LOOKUP = "lookup"  # copied from the session (prompt lookup)
     SUFFIX = "suffix"  # copied from earlier answers (suffix decoding)
     DRAFT = "draft"  # a draft model
+    MTP = "mtp"  # the target's own multi-token-prediction head
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -106,6 +107,9 @@ class BaseDrafter:
     source: ClassVar[Source]
     kind: ClassVar[str]
     prior: ClassVar[dict[int, float]]
+    # MODEL: a draft step's cost relative to a target step until measured, where the drafter knows better
+    # than the decoder's guess for a draft model (None: that guess).
+    cost_ratio: float | None = None
 
     @classmethod
     def make(cls, inputs) -> BaseDrafter | None:
