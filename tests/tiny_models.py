@@ -133,11 +133,12 @@ class TinySpec:
     # qwen35 only: a multi-token-prediction (MTP, "nextn") block after the trunk, as Qwen3.5/3.6 ship it
     # (block_count = n_layers + 1, nextn_predict_layers = 1); llama.cpp loads it with load_mtp.
     mtp: bool = False
-    # A trunk whose layers add nothing (their output projections are zero): the target predicts the next
-    # token from the current one alone. With ``mtp_agrees`` the head then predicts exactly what the target
-    # will (its block adds nothing and eh_proj passes the token embedding through), so every greedy draft
-    # is accepted by construction.
-    bigram_trunk: bool = False
+    # The trunk layers' output projections scaled by this: at 0 they add nothing and the target predicts
+    # the next token from the current one alone (a bigram model); small values keep it mostly so.
+    trunk_scale: float = 1.0
+    # A head whose block adds nothing and whose eh_proj passes the token embedding through: it predicts
+    # the bigram model's next token, so with trunk_scale 0 every greedy draft is accepted by construction,
+    # and with a small trunk_scale most are (the rest roll back).
     mtp_agrees: bool = False
 
 
@@ -291,8 +292,8 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
         # Mamba blocks are the SSM alone, without a feed-forward.
         ffn = _feed_forward(spec, mat) if spec.architecture != "mamba" else {}
         block = {"attn_norm.weight": _ones(d)} | mixer | ffn
-        if spec.bigram_trunk:
-            block = _silenced(block)
+        if spec.trunk_scale != 1.0:
+            block = _scaled(block, spec.trunk_scale)
         tensors |= {f"blk.{i}.{name}": array for name, array in block.items()}
     if spec.mtp:
         tensors |= {f"blk.{spec.n_layers}.{name}": array for name, array in _mtp_block(spec, mat).items()}
@@ -303,8 +304,8 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
 _BLOCK_OUTPUTS = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight")
 
 
-def _silenced(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: np.zeros_like(a) if name in _BLOCK_OUTPUTS else a for name, a in block.items()}
+def _scaled(block: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+    return {name: a * np.float32(scale) if name in _BLOCK_OUTPUTS else a for name, a in block.items()}
 
 
 def _mtp_block(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
@@ -313,7 +314,7 @@ def _mtp_block(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
     block = {"attn_norm.weight": _ones(d)} | _attention(spec, mat) | _feed_forward(spec, mat)
     eh_proj = mat(d, 2 * d)
     if spec.mtp_agrees:
-        block = _silenced(block)
+        block = _scaled(block, 0.0)
         eh_proj = np.hstack([np.eye(d, dtype=np.float32), np.zeros((d, d), dtype=np.float32)])
     return block | {"nextn.eh_proj.weight": eh_proj, "nextn.enorm.weight": _ones(d), "nextn.hnorm.weight": _ones(d)}
 

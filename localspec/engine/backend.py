@@ -410,7 +410,8 @@ class MtpHead:
             self._ctx = target._internals.LlamaContext(model=target._model, params=params, verbose=False)
         except ValueError as exc:
             raise LocalspecError(f"llama.cpp could not open the MTP head of {target.path.name}: {exc}") from exc
-        llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, True)
+        # Unmasked: the pinned build's masked copy takes a batch's first rows, not its logits rows.
+        llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, False)
         self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)
         # llama_batch_init allocates either tokens or embeddings; the head's graph reads both.
         self._token_buffer = (lib.llama_token * self.n_batch)()

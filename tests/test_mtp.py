@@ -1,0 +1,198 @@
+"""Drafting with a target's own MTP head, on tiny Qwen3.5-style (hybrid) models with one MTP block.
+
+Two heads: a seeded-random one (it rarely agrees with its target, so nearly every draft rolls back), and
+one that agrees by construction with a target whose trunk is weakened toward a bigram model (every draft
+accepted when the trunk adds nothing; most, with every length of partial acceptance, when it adds a
+little). Outputs are checked against the target alone; the head's state against a fresh head's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from localspec.conversation import Conversation
+from localspec.engine.backend import LlamaModel
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.drafting import RoundState, Source
+from localspec.engine.sampling import SamplingParams
+from localspec.errors import UsageError
+from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
+
+PROMPT = "hello world the code print x = hello world the code"
+N_CTX = 512
+HEADS = {
+    "random-head": dict(seed=3, logit_scale=8.0),
+    "partly-agreeing-head": dict(seed=3, logit_scale=8.0, trunk_scale=0.4, mtp_agrees=True),
+}
+ROLLBACKS = {"checkpoint": 0, "snapshots": 8}
+
+
+def mtp_model(make_tiny_model, name: str, **fields):
+    return make_tiny_model(f"qwen35-mtp-{name}", architecture="qwen35", n_layers=4, mtp=True, **fields)
+
+
+@pytest.fixture(scope="module", params=list(HEADS))
+def head_model(request, make_tiny_model):
+    return request.param, mtp_model(make_tiny_model, request.param, **HEADS[request.param])
+
+
+def make_decoder(path, *, method="mtp", draft_len=None, snapshots=0, min_confidence=0.0) -> SpeculativeDecoder:
+    target = LlamaModel(path, n_ctx=N_CTX, n_threads=1, load_mtp=True, rollback_snapshots=snapshots)
+    decoder = SpeculativeDecoder(target, method=method, draft_len=draft_len)
+    if method != "none":
+        decoder.drafter(Source.MTP).min_confidence = min_confidence
+    return decoder
+
+
+def generate(decoder, prompt, max_tokens=60, sampling=SamplingParams()):
+    return [t for step in decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling) for t in step.tokens]
+
+
+def rounds(decoder, prompt, max_tokens=60):
+    return [(step.drafted, step.accepted) for step in decoder.generate(prompt, max_tokens=max_tokens)]
+
+
+@pytest.fixture(scope="module")
+def baseline(head_model):
+    _, path = head_model
+    decoder = make_decoder(path, method="none")
+    prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+    return prompt, generate(decoder, prompt)
+
+
+def test_the_head_loads_only_when_asked_and_mtp_needs_one(make_tiny_model, tiny_target):
+    path = mtp_model(make_tiny_model, "random-head", **HEADS["random-head"])
+    assert LlamaModel(path, n_ctx=64, load_mtp=True).mtp_layers == 1
+    assert LlamaModel(path, n_ctx=64).mtp_layers == 0
+    with pytest.raises(UsageError, match="method mtp needs the target's own MTP head"):
+        SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=64, load_mtp=True), method="mtp")
+    assert all(d.source != Source.MTP for d in SpeculativeDecoder(LlamaModel(path, n_ctx=64)).drafters)
+
+
+def test_a_head_that_agrees_by_construction_has_every_greedy_draft_accepted(make_tiny_model):
+    path = mtp_model(make_tiny_model, "agreeing-head", seed=3, logit_scale=8.0, trunk_scale=0.0, mtp_agrees=True)
+    decoder = make_decoder(path, draft_len=4)
+    prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+    out = generate(decoder, prompt)
+    stats = decoder.stats
+    assert stats.drafted > 30 and stats.accepted == stats.drafted
+    assert stats.to_dict()["by_method"]["mtp"]["accepted"] == stats.accepted
+    assert out == generate(make_decoder(path, method="none"), prompt)
+
+
+@pytest.mark.parametrize("rollback", list(ROLLBACKS))
+@pytest.mark.parametrize("method,draft_len", [("mtp", 3), ("mtp", None), ("mtp", 9), ("auto", None), ("lookup", 4)])
+def test_greedy_output_of_every_method_equals_target_alone(head_model, baseline, method, draft_len, rollback):
+    name, path = head_model
+    prompt, expected = baseline
+    decoder = make_decoder(path, method=method, draft_len=draft_len, snapshots=ROLLBACKS[rollback])
+    assert generate(decoder, prompt) == expected
+    if method == "mtp":
+        assert decoder.stats.drafted_by_method.get("mtp", 0) > 0
+
+
+@pytest.mark.parametrize("rollback", list(ROLLBACKS))
+def test_partial_acceptances_of_every_length_roll_back_on_the_hybrid_target(make_tiny_model, rollback):
+    path = mtp_model(make_tiny_model, "partly-agreeing-head", **HEADS["partly-agreeing-head"])
+    decoder = make_decoder(path, draft_len=3, snapshots=ROLLBACKS[rollback])
+    prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+    seen = {accepted for drafted, accepted in rounds(decoder, prompt) if drafted == 3}
+    assert seen == {0, 1, 2, 3}
+    assert generate(decoder, prompt) == generate(make_decoder(path, method="none"), prompt)
+
+
+def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(head_model, baseline):
+    """The head's cache is kept in step: after a generation full of rejections, its next draft (and the
+    distribution it drew it from) is that of a head that saw the whole context at once."""
+    _, path = head_model
+    prompt, expected = baseline
+    used = make_decoder(path, draft_len=5)
+    assert generate(used, prompt) == expected
+    context = prompt + expected
+    fresh = make_decoder(path, draft_len=5)
+    generate(fresh, context[:-1], max_tokens=1)  # the target evaluates the context but its last token
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    drafts = []
+    for decoder in (used, fresh):
+        assert decoder.target.n_past == len(context) - 1
+        drafter = decoder.drafter(Source.MTP)
+        state = RoundState(context, 5, sampling, np.random.default_rng(7))
+        drafts.append(drafter.draft(drafter.offer(state), 5, state))
+    assert drafts[0].tokens == drafts[1].tokens and len(drafts[0].tokens) == 5
+    for q_used, q_fresh in zip(drafts[0].q, drafts[1].q):
+        np.testing.assert_allclose(q_used, q_fresh, atol=2e-3)  # the prompt prefilled in one batch
+
+
+def test_three_turn_chat_and_an_early_stop_equal_the_target_alone(head_model):
+    _, path = head_model
+    questions = ["the code print x", "hello world the code", "def return x = x + x"]
+    answers = {}
+    for method, draft_len in (("none", None), ("mtp", 4), ("auto", None)):
+        decoder = make_decoder(path, method=method, draft_len=draft_len)
+        conversation = Conversation(decoder)
+        answers[method] = ["".join(p.text for p in conversation.ask(q, max_tokens=24)) for q in questions]
+        if method == "mtp":
+            prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+            for i, _ in enumerate(decoder.generate(prompt, max_tokens=40)):
+                if i == 3:
+                    break  # a consumer that stops mid-answer, then the same prompt again
+            assert generate(decoder, prompt) == generate(make_decoder(path, method="none"), prompt)
+    assert answers["mtp"] == answers["none"] == answers["auto"]
+
+
+def test_sampled_output_follows_the_target_distribution(make_tiny_model):
+    path = mtp_model(make_tiny_model, "spread-head", seed=5, logit_scale=2.0, trunk_scale=0.4, mtp_agrees=True)
+    prompt = LlamaModel(path, vocab_only=True).tokenize("hello world", add_bos=True)
+    dist = exact_sequence_distribution(path, prompt)
+    pvalue, drafted, accepted = sequence_pvalue(make_decoder(path, draft_len=2), prompt, dist)
+    assert pvalue > ALPHA
+    assert 0.1 * drafted < accepted < 0.9 * drafted
+
+
+def test_run_json_shows_the_head_as_a_method(make_tiny_model):
+    from localspec.cli.app import app
+
+    path = mtp_model(make_tiny_model, "partly-agreeing-head", **HEADS["partly-agreeing-head"])
+    texts = {}
+    for method in ("none", "mtp"):
+        result = CliRunner().invoke(app, ["run", "--json", "--threads", "1", PROMPT, "--target", str(path), "--raw",
+                                          "--method", method, "--temp", "0", "-n", "40"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        texts[method] = data["text"]
+    stats = data["stats"]
+    assert stats["by_method"]["mtp"]["drafted"] > 0
+    assert 0 < stats["controller"]["mtp_acceptance"] <= 1
+    assert texts["mtp"] == texts["none"]
+
+
+def test_serve_answers_three_requests_as_a_fresh_server_would(make_tiny_model):
+    from localspec.server.worker import GenerationWorker
+    from localspec.session import ModelOptions, Pair, open_decoder
+    from tests.test_server import SYSTEM, client, serving
+
+    path = mtp_model(make_tiny_model, "partly-agreeing-head", **HEADS["partly-agreeing-head"])
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the code print x"}]
+
+    def worker():
+        decoder = open_decoder(Pair(path, None, "tiny"), ModelOptions(n_ctx=N_CTX, threads=1), method="mtp")
+        assert decoder.drafter(Source.MTP) is not None
+        return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=2)
+
+    def answer(server, conversation):
+        reply = client(server).chat.completions.create(model="tiny", messages=conversation, max_tokens=24,
+                                                       temperature=0)
+        return reply.choices[0].message.content
+
+    with serving(worker()) as server:
+        one = answer(server, first)
+        second = first + [{"role": "assistant", "content": one}, {"role": "user", "content": "hello world"}]
+        third = [{"role": "user", "content": "def return x = x + x"}]
+        answers = [one, answer(server, second), answer(server, third)]
+    for conversation, expected in zip((first, second, third), answers):
+        with serving(worker()) as fresh:
+            assert answer(fresh, conversation) == expected
