@@ -76,7 +76,7 @@ class Profile:
     name: str
     description: str
     target: ModelSpec
-    draft: ModelSpec
+    draft: ModelSpec | None  # None: the target drafts with its own MTP head (or by copying), nothing else to fetch
     defaults: Defaults = field(default_factory=Defaults)
     path: Path | None = None
 
@@ -155,12 +155,12 @@ class _Reader:
         return value
 
     def profile(self, name: str, data: dict) -> Profile:
-        self.table(data, "", ("description", "target", "draft", "defaults"), ("description", "target", "draft"))
+        self.table(data, "", ("description", "target", "draft", "defaults"), ("description", "target"))
         return Profile(
             name=name,
             description=self.typed(data, "description", "", str),
             target=self.model(data["target"], "target"),
-            draft=self.model(data["draft"], "draft"),
+            draft=self.model(data["draft"], "draft") if "draft" in data else None,
             defaults=self.defaults(data.get("defaults", {})),
             path=self.path,
         )

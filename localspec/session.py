@@ -23,7 +23,7 @@ from localspec.engine.kernels import EXACT
 from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.pass_costs import PassCostMemory
 from localspec.errors import IncompatibleError, UsageError
-from localspec.gguf.compat import Report, check_pair
+from localspec.gguf.compat import Report, check_model, check_pair
 from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
 
@@ -69,7 +69,7 @@ def resolve_pair(
         return Pair(target, draft, target.name)
     chosen = load_profile(profile or DEFAULT_PROFILE)
     target_path = store.resolve_model(chosen.target, offline=offline, progress=progress)
-    draft_path = store.resolve_model(chosen.draft, offline=offline, progress=progress)
+    draft_path = None if chosen.draft is None else store.resolve_model(chosen.draft, offline=offline, progress=progress)
     return Pair(target_path, draft_path, chosen.name, chosen)
 
 
@@ -123,6 +123,11 @@ def pair_report(target_ref: ModelRef, draft_ref: ModelRef) -> Report:
     target_header, target_path = load_header(target_ref)
     draft_header, draft_path = load_header(draft_ref)
     return check_pair(target_header, draft_header, target_vocab_path=target_path, draft_vocab_path=draft_path)
+
+
+def model_report(ref: ModelRef) -> Report:
+    """One model alone, given as ``load_header`` takes it: its template, memory and drafting heads."""
+    return check_model(load_header(ref)[0])
 
 
 def open_decoder(

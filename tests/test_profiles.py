@@ -84,7 +84,6 @@ def test_profile_names_cannot_traverse(name):
         ('colour = "red"\n' + MINIMAL, "colour"),
         (MINIMAL + 'colour = "red"\n', "draft.colour"),
         (MINIMAL.replace('file = "draft.gguf"', 'file = "draft.gguf"\nsha = "x"'), "draft.sha"),
-        (MINIMAL.replace('[draft]\nrepo = "me/draft-GGUF"\nfile = "draft.gguf"\n', ""), "draft"),
         (MINIMAL.replace('file = "target.gguf"\n', ""), "target.file"),
         (MINIMAL.replace('description = "mine"', "description = 3"), "description"),
         (MINIMAL + "[defaults]\nn_ctx = true\n", "defaults.n_ctx"),
@@ -121,3 +120,10 @@ def test_a_broken_user_profile_breaks_the_listing_loudly():
     write_user_profile("broken", MINIMAL + "oops = 1\n")
     with pytest.raises(ProfileError, match="oops"):
         list_profiles()
+
+
+def test_a_profile_without_a_draft_drafts_with_the_target_alone():
+    """A target with its own MTP head needs no second model: the draft table may be left out."""
+    write_user_profile("own-head", MINIMAL.replace('[draft]\nrepo = "me/draft-GGUF"\nfile = "draft.gguf"\n', ""))
+    assert load_profile("own-head").draft is None
+    assert load_profile("qwen3.6-35b-a3b").draft is None

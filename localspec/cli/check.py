@@ -13,7 +13,7 @@ from localspec.cli.console import out
 from localspec.errors import StoreError, UsageError
 from localspec.gguf.compat import Report
 from localspec.profiles import load_profile
-from localspec.session import ModelRef, pair_report
+from localspec.session import ModelRef, model_report, pair_report
 
 EXIT_INCOMPATIBLE = 1
 _STYLES = {"ok": "green", "warning": "yellow", "error": "bold red", "security": "bold magenta"}
@@ -26,10 +26,11 @@ def check_command(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Check a profile's target and draft."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Compare tokenizers and chat templates. Exit 0 compatible, 1 incompatible, 2 bad or unreachable input."""
+    """Compare tokenizers and chat templates; name each model's drafting heads (TARGET alone: those only).
+    Exit 0 compatible, 1 incompatible, 2 bad or unreachable input."""
     target_ref, draft_ref = _refs(target, draft, profile)
     try:
-        report = pair_report(target_ref, draft_ref)
+        report = pair_report(target_ref, draft_ref) if draft_ref is not None else model_report(target_ref)
     except StoreError as exc:
         # An unreachable or unknown model is an input problem here: nothing was compared.
         raise UsageError(str(exc)) from exc
@@ -41,14 +42,14 @@ def check_command(
         raise typer.Exit(EXIT_INCOMPATIBLE)
 
 
-def _refs(target: str | None, draft: str | None, profile: str | None) -> tuple[ModelRef, ModelRef]:
+def _refs(target: str | None, draft: str | None, profile: str | None) -> tuple[ModelRef, ModelRef | None]:
     if profile:
         if target or draft:
             raise UsageError("give either TARGET DRAFT or --profile NAME, not both")
         chosen = load_profile(profile)
         return chosen.target, chosen.draft
-    if not (target and draft):
-        raise UsageError("give TARGET and DRAFT (local GGUF paths or hf://OWNER/NAME/FILE.gguf), or --profile NAME")
+    if not target:
+        raise UsageError("give TARGET [DRAFT] (local GGUF paths or hf://OWNER/NAME/FILE.gguf), or --profile NAME")
     return target, draft
 
 

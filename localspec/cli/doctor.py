@@ -13,6 +13,7 @@ from localspec.cli.console import err, format_size, out
 from localspec.engine import kernels, machine
 from localspec.errors import GGUFError
 from localspec.gguf.header import read_header
+from localspec.gguf.heads import model_heads
 from localspec.gguf.memory import architecture, speculation_note
 
 def doctor_command() -> None:
@@ -69,8 +70,10 @@ def _report_cache() -> None:
 
 
 def _memory_line(path: Path) -> str:
-    """How speculation rolls this model's memory back (from its header; nothing is loaded)."""
+    """How speculation rolls this model's memory back, and its drafting heads (from its header; nothing is
+    loaded)."""
     try:
-        return speculation_note(architecture(read_header(path, check_tensors=False)))
+        header = read_header(path, check_tensors=False)
+        return f"{speculation_note(architecture(header))}; {model_heads(header).describe()}"
     except (GGUFError, OSError) as exc:
         return f"(header unreadable: {exc})"

@@ -22,11 +22,11 @@ def list_command(ctx: typer.Context) -> None:
         table.add_column(column)
     for profile in list_profiles():
         name = profile.name + (" (default)" if profile.name == DEFAULT_PROFILE else "")
-        downloaded = all(store.model_path(s).is_file() for s in (profile.target, profile.draft))
+        downloaded = all(store.model_path(s).is_file() for s in _models(profile).values())
         table.add_row(
             name,
             format_size(profile.target.size),
-            format_size(profile.draft.size),
+            "its own MTP head" if profile.draft is None else format_size(profile.draft.size),
             profile.defaults.method,
             "yes" if downloaded else "no",
             profile.description,
@@ -40,11 +40,17 @@ def show_command(name: str = typer.Argument(..., help="Profile name, as listed b
     profile = load_profile(name)
     out.print(f"{profile.name}: {profile.description}")
     out.print(f"  file: {profile.path}")
-    for role, spec in (("target", profile.target), ("draft", profile.draft)):
+    for role, spec in _models(profile).items():
         _print_model(role, spec)
+    if profile.draft is None:
+        out.print("  draft: none, the target drafts with its own MTP head (--method mtp or auto)")
     out.print("  defaults:")
     for key, value in vars(profile.defaults).items():
         out.print(f"    {key} = {'auto' if value is None else value}")
+
+
+def _models(profile) -> dict[str, ModelSpec]:
+    return {"target": profile.target} | ({"draft": profile.draft} if profile.draft is not None else {})
 
 
 def _print_model(role: str, spec: ModelSpec) -> None:

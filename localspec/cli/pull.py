@@ -35,11 +35,13 @@ def _wanted(model: str | None, profile: str | None, *, offline: bool, force: boo
         return [("model", store.spec_from_uri(model))]
     chosen = load_profile(profile or DEFAULT_PROFILE)
     _check_headers(chosen, offline=offline, force=force)
-    return [("target", chosen.target), ("draft", chosen.draft)]
+    return [("target", chosen.target)] + ([("draft", chosen.draft)] if chosen.draft is not None else [])
 
 
 def _check_headers(chosen: Profile, *, offline: bool, force: bool) -> None:
     """Compare the pair from its GGUF headers (a prefix fetch each), so an incompatible pair costs no download."""
+    if chosen.draft is None:
+        return  # nothing to pair: the target drafts with its own head
     if offline and (store.cached_path(chosen.target) is None or store.cached_path(chosen.draft) is None):
         return  # nothing will be downloaded, and the pull itself names the missing file
     report = pair_report(chosen.target, chosen.draft)

@@ -19,6 +19,7 @@ from pathlib import Path
 from gguf import TokenType
 
 from localspec.errors import GGUFError, TemplateError
+from localspec.gguf.heads import COMPANION_REFUSAL, companion_pairing, model_heads
 from localspec.gguf.memory import architecture, speculation_note
 from localspec.gguf.templates import render_chat, template_security_findings
 from localspec.gguf.tokenizer import VocabOnlyTokenizer
@@ -127,7 +128,9 @@ def check_pair(
 ) -> Report:
     """Compare two GGUF headers (from ``gguf_header``); with both vocab paths, also compare tokenization."""
     t, d = _Side("target", target_header), _Side("draft", draft_header)
+    heads = _heads_finding(t, d)
     findings = [
+        *([heads] if heads.severity == "error" else []),  # a companion head's refusal is the reason given
         _tokenizer_finding(t, d),
         _vocab_size_finding(t, d),
         _token_text_finding(t, d),
@@ -138,8 +141,21 @@ def check_pair(
         *_template_security_findings(d),
         _template_finding(t, d),
         _memory_finding(t, d),
+        *([heads] if heads.severity != "error" else []),
     ]
     findings.append(_round_trip_finding(t, d, target_vocab_path, draft_vocab_path, findings))
+    return make_report(findings)
+
+
+def check_model(header: Mapping[str, object]) -> Report:
+    """One model alone (no draft to pair): its template's safety, its memory and its drafting heads."""
+    side = _Side("model", header)
+    heads = model_heads(header)
+    findings = [
+        *_template_security_findings(side),
+        Finding("memory", "ok", "Memory and rollback", speculation_note(architecture(header))),
+        Finding("heads", "error" if heads.companion else "ok", "Drafting heads", heads.describe()),
+    ]
     return make_report(findings)
 
 
@@ -286,6 +302,17 @@ def _memory_finding(t: _Side, d: _Side) -> Finding:
     """Informational: how each model's memory rolls back, which sets what speculation costs on it."""
     notes = [f"{side.name} {speculation_note(architecture(side.header))}" for side in (t, d)]
     return Finding("memory", "ok", "Memory and rollback", "; ".join(notes))
+
+
+def _heads_finding(t: _Side, d: _Side) -> Finding:
+    """The heads each model carries; a companion head (EAGLE-3, DFlash) as the draft is refused up front."""
+    draft = model_heads(d.header)
+    if draft.companion:
+        problems = companion_pairing(t.header, d.header)
+        detail = COMPANION_REFUSAL + (f"; it would not fit this target either: {'; '.join(problems)}" if problems else "")
+        return Finding("heads", "error", f"The draft is {draft.companion} head for another model", detail)
+    notes = [f"{side.name}: {model_heads(side.header).describe()}" for side in (t, d)]
+    return Finding("heads", "ok", "Drafting heads", "; ".join(notes))
 
 
 def _renderable(side: _Side) -> bool:

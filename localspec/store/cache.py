@@ -66,10 +66,12 @@ def resolve_model(spec: ModelSpec, *, offline: bool = False, progress: Progress 
     return pull_model(spec, offline=offline, progress=progress, rehash=False).path
 
 
-def pull_profile(profile: Profile, *, offline: bool = False, progress: Progress | None = None) -> tuple[Path, Path]:
+def pull_profile(
+    profile: Profile, *, offline: bool = False, progress: Progress | None = None
+) -> tuple[Path, Path | None]:
     target = pull_model(profile.target, offline=offline, progress=progress)
-    draft = pull_model(profile.draft, offline=offline, progress=progress)
-    return target.path, draft.path
+    draft = None if profile.draft is None else pull_model(profile.draft, offline=offline, progress=progress)
+    return target.path, None if draft is None else draft.path
 
 
 def pull_model(
