@@ -41,9 +41,10 @@ def head_model(request, make_tiny_model):
 
 
 def make_decoder(path, *, method="mtp", draft_len=None, snapshots=0, min_confidence=0.0) -> SpeculativeDecoder:
-    target = LlamaModel(path, n_ctx=N_CTX, n_threads=1, load_mtp=True, rollback_snapshots=snapshots)
+    # The target alone as a user runs it: without the head, nor the hidden states it reads.
+    target = LlamaModel(path, n_ctx=N_CTX, n_threads=1, load_mtp=method != "none", rollback_snapshots=snapshots)
     decoder = SpeculativeDecoder(target, method=method, draft_len=draft_len)
-    if method != "none":
+    if method in ("mtp", "auto"):
         decoder.drafter(Source.MTP).min_confidence = min_confidence
     return decoder
 

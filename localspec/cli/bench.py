@@ -34,7 +34,8 @@ from localspec.cli.console import err, out
 from localspec.engine.controller import METHODS, check_method
 from localspec.errors import UsageError
 
-DEFAULT_METHODS = ",".join(METHODS)
+# mtp joins the defaults where the target has an MTP head (see bench_command).
+DEFAULT_METHODS = ",".join(m for m in METHODS if m != "mtp")
 QUICK_METHODS = "none,lookup,auto"
 QUICK_MAX_TOKENS = 96
 QUICK_RUNS = 1
@@ -53,7 +54,7 @@ def bench_command(
         Optional[str],
         typer.Option(
             "--methods",
-            help=f"Comma-separated methods [default: {DEFAULT_METHODS}]; auto{HISTORY_SUFFIX} adds an answer "
+            help=f"Comma-separated methods [default: {DEFAULT_METHODS}, and mtp where the target has an MTP head]; auto{HISTORY_SUFFIX} adds an answer "
             "history, learned in a cold pass over the prompts and used again in a warm one.",
         ),
     ] = None,
@@ -123,8 +124,10 @@ def bench_command(
         raise UsageError(
             "--write-profile needs --profile: a profile stores where its models come from, local files do not"
         )
+    if methods is None and decoder.controller.mtp_head == "":
+        configs += _configs(["mtp"], _draft_lens(draft_len))
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None)
+        check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head)
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

@@ -74,7 +74,7 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = draft
         self.history = history
-        self.drafters: list[BaseDrafter] = make_drafters(DrafterInputs(target, draft, history))
+        self.drafters: list[BaseDrafter] = make_drafters(DrafterInputs(target, draft, history, method))
         self.controller = Controller(
             method,
             draft_len=draft_len,
@@ -84,7 +84,9 @@ class SpeculativeDecoder:
             rollback_window=target.memory_plan.rollback_window,
             speculation_off=target.memory_plan.refused,
             step_cost_ratios={d.source: d.cost_ratio for d in self.drafters if d.cost_ratio is not None},
-            mtp_head="" if any(d.source == Source.MTP for d in self.drafters) else unsupported_heads(target.mtp_layers),
+            mtp_head="" if any(d.source == Source.MTP for d in self.drafters) else (
+                unsupported_heads(target.mtp_layers) or f"it was not loaded for method {method} (start with mtp or auto)"
+            ),
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer

@@ -20,6 +20,7 @@ class DrafterInputs:
     target: LlamaModel
     draft: DraftModelProposer | None = None
     history: HistoryStore | None = None
+    method: str = "auto"  # drafters whose setup costs even when unused (the MTP head's) skip methods without them
 
 
 # In the order the planner breaks ties in. A new drafter adds its class (with a ``make(inputs)``) here.

@@ -44,7 +44,12 @@ class MtpDrafter(BaseDrafter):
 
     @classmethod
     def make(cls, inputs) -> MtpDrafter | None:
-        return cls(inputs.target) if unsupported_heads(inputs.target.mtp_layers) is None else None
+        from localspec.engine.controller import method_uses  # the controller prices the drafters
+
+        # Keeping hidden states changes the target's prompt passes, so a method without the head goes without.
+        if not method_uses(inputs.method, cls.source) or unsupported_heads(inputs.target.mtp_layers):
+            return None
+        return cls(inputs.target)
 
     def offer(self, state: RoundState) -> Offer:
         context = state.context
