@@ -85,6 +85,7 @@ class Engine:
     tool: str | None = None  # the stock binary; None for localspec
     args: tuple[str, ...] = ()
     uses_draft: bool = False
+    uses_head: bool = False  # runs the target's own MTP head: only where it has one
     config: Config | None = None  # localspec's configuration
 
     @property
@@ -101,6 +102,7 @@ STOCK_ENGINES = (
     Engine("stock ngram-mod", "llama-speculative-simple", ("--spec-type", "ngram-mod")),
     Engine("stock draft-simple", "llama-speculative-simple", ("--spec-type", "draft-simple"), uses_draft=True),
     Engine("stock llama-lookup", "llama-lookup"),
+    Engine("stock draft-mtp", "llama-speculative-simple", ("--spec-type", "draft-mtp"), uses_head=True),
 )
 STOCK_TOOLS = tuple(dict.fromkeys(e.tool for e in STOCK_ENGINES))
 
@@ -308,7 +310,8 @@ class StockComparison:
         self.runner = BenchRunner(
             decoder, BenchSettings(settings.configs, runs=settings.runs, max_tokens=settings.max_tokens)
         )
-        stock = [e for e in STOCK_ENGINES if draft is not None or not e.uses_draft]
+        head = decoder.controller.mtp_head == ""
+        stock = [e for e in STOCK_ENGINES if (draft is not None or not e.uses_draft) and (head or not e.uses_head)]
         self.engines = stock + [localspec_engine(c) for c in self.runner.settings.all_configs]
 
     def run(self, prompts: Sequence[BenchPrompt]) -> StockResult:

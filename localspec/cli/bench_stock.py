@@ -42,8 +42,10 @@ def compare_with_llama_cpp(
         raise UsageError("--vs-llama-cpp compares greedy outputs; drop --temp or use --temp 0")
     tools = stock.find_tools(bin_dir)
     pair, decoder, _ = replace(generation, temp=0.0).open()
+    if decoder.controller.mtp_head == "" and not any(c.method == "mtp" for c in configs):
+        configs = [*configs, Config("mtp")]  # beside stock draft-mtp, on a target with its own head
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None)
+        check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head)
     settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens)
     with progress() as update:
         comparison = stock.StockComparison(
