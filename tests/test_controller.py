@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.controller import MAX_DRAFT_LEN, Controller
+from localspec.engine.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
 from localspec.engine.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
 from localspec.engine.drafting import Offer, Source
 from localspec.engine.estimates import expected_tokens
@@ -339,3 +339,32 @@ def test_suffix_drafts_are_priced_by_their_own_acceptance_and_only_in_auto():
     lookup = measured(CPU, method="lookup")
     teach(lookup, "suffix", 8, 0.99)
     assert choose(lookup, **only_history).method == "none"
+
+
+def test_a_prior_that_is_wrong_here_gets_measured_and_then_drafted_from():
+    """Short matches are priced as a loss by their priors; a bounded exploration tries them anyway as the
+    answer runs, and once measured as reliable they are drafted from in earnest."""
+    controller = measured(CPU, method="auto")
+    assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"  # no budget yet
+    plans = []
+    for _ in range(300):
+        plan = choose(controller, lookup_available=8, lookup_match_len=2)
+        plans.append(plan)
+        # This text copies well: every drafted token is accepted.
+        controller.record_round(plan.method, 2, plan.k, plan.k)
+    assert any(p.explored for p in plans[:100]), "no probe: the wrong prior was never measured"
+    assert all(p.method == "lookup" and not p.explored for p in plans[-50:])
+    assert controller.acceptance("lookup", 2) > 0.9
+
+
+def test_exploring_a_drafter_that_never_pays_costs_a_bounded_share():
+    controller = measured(CPU, method="auto")
+    for _ in range(2000):
+        plan = choose(controller, lookup_available=8, lookup_match_len=2)
+        controller.record_round(plan.method, 2, plan.k, 0)  # every draft rejected
+    beliefs = controller.beliefs()
+    assert beliefs["explored_rounds"] > 0
+    target_alone_s = 2000 * CPU[1]  # about one token per round
+    assert beliefs["exploration_loss_s"] <= EXPLORE_SHARE * target_alone_s
+    # Measured as useless, it is left alone: the last rounds keep to the target.
+    assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"
