@@ -124,7 +124,8 @@ def bench_command(
             "--write-profile needs --profile: a profile stores where its models come from, local files do not"
         )
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None)
+        check_method(config.method, has_draft_model=decoder.draft is not None,
+                     draft_fix="pass --draft PATH or use --profile")
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

@@ -69,15 +69,22 @@ def method_uses(method: str, source: Source) -> bool:
     return source in DRAFTER_KINDS if method == "auto" else source in METHOD_SOURCES[method]
 
 
-def check_method(method: str, *, has_draft_model: bool | None = None, given_as: str = "method") -> str:
+def check_method(
+    method: str,
+    *,
+    has_draft_model: bool | None = None,
+    given_as: str = "method",
+    draft_fix: str = "open a pair with a draft model",
+) -> str:
     """The one check of a method name, and (when ``has_draft_model`` is known) that it can run.
 
-    ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there.
+    ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there;
+    ``draft_fix`` says how that front end gives a draft model.
     """
     if method not in METHODS:
         raise UsageError(f"unknown {given_as} {method!r}; use one of {', '.join(METHODS)}")
     if has_draft_model is False and method in DRAFT_MODEL_METHODS:
-        raise UsageError(f"{given_as} {method} needs a draft model: pass --draft PATH or use --profile")
+        raise UsageError(f"{given_as} {method} needs a draft model: {draft_fix}")
     return method
 
 
@@ -221,9 +228,9 @@ class Controller:
         if not self.has_draft_model:
             return None
         if self.method in DRAFT_MODEL_METHODS:
-            return f"in use: --method {self.method}"
+            return f"in use: method {self.method}"
         if self.method != "auto":
-            return f"not used: --method {self.method}"
+            return f"not used: method {self.method}"
         model = self._models[Source.DRAFT]
         if model.off is not None:
             return f"off for this session: {model.off}"
