@@ -326,6 +326,8 @@ class Controller:
         none = self._none_rate()
         base = 1.0 / none  # seconds per token of the target alone
         budget = EXPLORE_SHARE * self._answer_tokens * base - self._answer_loss
+        if budget <= 0.0:
+            return None  # spent: nothing to price (most rounds of an answer nothing pays in)
         best = None
         for offer in offers:
             estimates = self._copies.get(offer.source)
