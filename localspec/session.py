@@ -22,6 +22,7 @@ from localspec.engine.history import HistoryStore, tokenizer_identity
 from localspec.engine.kernels import EXACT
 from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.pass_costs import PassCostMemory
+from localspec.engine.vocab import VocabOnlyTokenizer
 from localspec.errors import IncompatibleError, UsageError
 from localspec.gguf.compat import Report, check_model, check_pair
 from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
@@ -122,7 +123,8 @@ def pair_report(target_ref: ModelRef, draft_ref: ModelRef) -> Report:
     """Check a pair given as local paths, ``hf://`` references or ModelSpecs (see ``load_header``)."""
     target_header, target_path = load_header(target_ref)
     draft_header, draft_path = load_header(draft_ref)
-    return check_pair(target_header, draft_header, target_vocab_path=target_path, draft_vocab_path=draft_path)
+    return check_pair(target_header, draft_header, target_vocab_path=target_path, draft_vocab_path=draft_path,
+                      open_tokenizer=VocabOnlyTokenizer)
 
 
 def model_report(ref: ModelRef) -> Report:

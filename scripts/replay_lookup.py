@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Replay `auto`'s prompt-lookup decisions on recorded greedy answers, to tune the lookup and controller.
+"""Replay `auto`'s decisions on recorded greedy answers, to tune the drafters and the planner.
 
 Recording runs the real target once per shipped bench prompt (greedy, target alone) and measures its pass
-time per batch size. Replaying needs no model: each round, the proposer and the controller see exactly
-what they would see live, a draft is accepted as far as it matches the recorded answer, and the round
-costs the recorded pass time of its batch. It prints, per slice, the speedup over target alone that those
-pass costs imply and the acceptance, for `auto` (lookup only, no draft model) and for stock llama.cpp's
-ngram-simple (a 12-token match drafts the 48 tokens that followed it) replayed the same way. Replayed
-figures leave out Python overhead and machine noise: they rank changes, `localspec bench` measures them.
+time per batch size. Replaying needs no model: the real decoder, drafters and controller run against a
+``ReplayTarget`` that predicts the recorded answer and takes the recorded pass time of each batch on a
+simulated clock, so a replay makes exactly the decisions a live run would on those costs. It prints, per
+slice, the speedup over target alone those pass costs imply and the acceptance, for `auto` (no draft
+model, no answer history), for `--method lookup`, and for stock llama.cpp's ngram-simple (a 12-token match
+drafts the 48 tokens that followed it) replayed the same way. Replayed figures leave out Python overhead
+and machine noise: they rank changes, `localspec bench` measures them.
 
-    .venv/bin/python scripts/replay_lookup.py --record answers.json   # about 5 minutes
-    .venv/bin/python scripts/replay_lookup.py answers.json [--max-tokens 96]
+    .venv/bin/python scripts/replay_lookup.py --record /tmp/replay/answers.json   # about 5 minutes
+    .venv/bin/python scripts/replay_lookup.py /tmp/replay/answers.json [--max-tokens 96]
 
 ``record`` also serves scripts/replay_suffix.py, for the agent-repeat slice.
 """
@@ -20,15 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
 from bench_engine import pass_costs
 
+import localspec.engine.decoder
 from localspec.bench.runner import BASELINE, BenchRunner, BenchSettings
 from localspec.bench.workloads import select, shipped_prompts
-from localspec.engine.controller import TRUSTED_SAMPLES, Controller
-from localspec.engine.decoder import LOOKUP_MAX_NGRAM
-from localspec.engine.lookup import PromptLookupProposer
+from localspec.engine.backend import common_prefix_length
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.history import HistoryStore
+from localspec.engine.kernels import EXACT
+from localspec.engine.memory import MemoryPlan
+from localspec.gguf.memory import MemoryKind
 from localspec.profiles import DEFAULT_PROFILE
 from localspec.session import ModelOptions, open_decoder, resolve_pair
 
@@ -38,7 +44,7 @@ COST_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 def record(path: str, workloads: list[str] | None = None, max_tokens: int = RECORD_TOKENS) -> None:
     """Greedy answers of target alone to the shipped prompts (of ``workloads``; None: the default slices)."""
-    decoder = open_decoder(resolve_pair(profile=DEFAULT_PROFILE), ModelOptions(), method="none")
+    decoder = open_decoder(resolve_pair(profile=DEFAULT_PROFILE), ModelOptions(), method="none", history=False)
     costs, _ = pass_costs(decoder.target, sizes=COST_SIZES)
     runner = BenchRunner(decoder, BenchSettings([BASELINE], max_tokens=max_tokens))
     answers = []
@@ -75,58 +81,132 @@ def ngram_simple(history: list[int], n: int = 12, m: int = 48) -> list[int]:
     return []
 
 
-def replay(answer: dict, max_tokens: int, cost: Callable[[int], float], controller: Controller | None) -> tuple:
-    """(seconds, drafted, accepted) of one answer; ``controller`` None replays ngram-simple."""
+class Clock:
+    """Simulated seconds: only the target's passes take time (the decoder reads it as perf_counter)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ReplayTarget:
+    """Stands in for LlamaModel: its greedy choice at every position is the recorded answer's token, and
+    each verification pass takes the recorded time of its batch size. Token ids are compact (see
+    ``Replay``), the end of an answer is ``eos``."""
+
+    kernels = EXACT
+    memory_plan = MemoryPlan(MemoryKind.KV, 0, 0)
+    large_eval = None
+    replayed_tokens = 0
+    n_ctx = 1 << 20
+
+    def __init__(self, n_vocab: int, eos: int, cost: Callable[[int], float], clock: Clock) -> None:
+        self.n_vocab, self.eos, self.cost, self.clock = n_vocab, eos, cost, clock
+        self.tokens: list[int] = []
+        self.truth: list[int] = []
+
+    def expect(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        self.truth = [*prompt, *answer, self.eos]
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, tokens)
+
+    def rollback(self, n_past: int) -> float:
+        del self.tokens[n_past:]
+        return 0.0
+
+    def can_remove(self, n: int) -> bool:
+        return True
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token == self.eos
+
+    def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None, prefill: bool = False) -> np.ndarray:
+        self.tokens.extend(tokens)
+        if not prefill:
+            self.clock.now += self.cost(len(tokens))
+        rows = np.zeros((n_logits, self.n_vocab), dtype=np.float32)
+        last = len(self.truth) - 1
+        for i, position in enumerate(range(len(self.tokens) - n_logits + 1, len(self.tokens) + 1)):
+            rows[i, self.truth[min(position, last)]] = 1.0  # rows past a wrong draft are never read
+        return rows
+
+
+class Replay:
+    """Recorded answers on compact token ids (one row of logits per id), replayed through real decoders."""
+
+    def __init__(self, recorded: dict) -> None:
+        self.cost = interpolate({int(size): seconds for size, seconds in recorded["pass_s"].items()})
+        ids: dict[int, int] = {}
+        compact = lambda tokens: [ids.setdefault(t, len(ids)) for t in tokens]  # noqa: E731
+        self.answers = [
+            {**a, "prompt": compact(a["prompt"]), "answer": compact(a["answer"])} for a in recorded["answers"]
+        ]
+        self.eos = len(ids)
+        self.clock = Clock()
+        localspec.engine.decoder.perf_counter = self.clock
+
+    def decoder(self, method: str = "auto", history: HistoryStore | None = None) -> SpeculativeDecoder:
+        """One per session, as bench keeps its decoders across prompts."""
+        return SpeculativeDecoder(ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock), method=method,
+                                  history=history)
+
+    def run(self, decoder: SpeculativeDecoder, answer: dict, max_tokens: int) -> tuple[float, int, int]:
+        """(speedup over target alone, drafted, accepted) of one answer."""
+        target = answer["answer"][:max_tokens]
+        decoder.target.expect(answer["prompt"], answer["answer"])
+        decoder.target.rollback(0)
+        for _ in decoder.generate(answer["prompt"], max_tokens=len(target)):
+            pass
+        stats = decoder.stats
+        assert stats.generated_tokens == len(target), "the replay left the recorded answer"
+        return self.cost(1) * (len(target) - 1) / stats.decode_s, stats.drafted, stats.accepted
+
+
+def ngram_simple_replay(answer: dict, max_tokens: int, cost: Callable[[int], float]) -> tuple[float, int, int]:
+    """Stock llama.cpp's ngram-simple on one answer: (speedup over target alone, drafted, accepted)."""
     history = list(answer["prompt"]) + answer["answer"][:1]  # the prefill gives the first token
     target = answer["answer"][:max_tokens]
-    lookup = PromptLookupProposer(max_ngram=LOOKUP_MAX_NGRAM)
-    lookup.extend(history)
     seconds, drafted, accepted, position = 0.0, 0, 0, 1
     while position < len(target):
-        room = len(target) - position - 1
-        if controller is None:
-            draft = ngram_simple(history)[:room]
-        else:
-            proposal = lookup.propose(controller.lookup_max)
-            plan = controller.plan(lookup_available=len(proposal), lookup_match_len=lookup.last_match_len,
-                                   generated=position, remaining=max_tokens - position)
-            draft = proposal[: min(plan.k, room)] if plan.method == "lookup" else []
+        draft = ngram_simple(history)[: len(target) - position - 1]
         hits = 0
         while hits < len(draft) and draft[hits] == target[position + hits]:
             hits += 1
-        spent = cost(len(draft) + 1)
-        seconds += spent
-        if controller is not None:
-            controller.record_pass(len(draft) + 1, spent)
-            controller.record_round("lookup" if draft else "none", lookup.last_match_len, len(draft), hits)
+        seconds += cost(len(draft) + 1)
         step = target[position : position + hits + 1]
         history += step
-        lookup.extend(step)
         position += len(step)
         drafted += len(draft)
         accepted += hits
-    return seconds, drafted, accepted
+    return cost(1) * (len(target) - 1) / seconds, drafted, accepted
 
 
 def report(path: str, max_tokens: int) -> None:
     with open(path) as handle:
-        recorded = json.load(handle)
-    cost = interpolate({int(size): seconds for size, seconds in recorded["pass_s"].items()})
-    controller = Controller("auto")  # one per session, as bench keeps its decoders across prompts
-    for _ in range(TRUSTED_SAMPLES):  # the one-token passes it measures before any draft
-        controller.record_pass(1, cost(1))
-    print(f"{'slice':14} {'auto':>6} {'accepted':>9} {'ngram-simple':>13} {'accepted':>9}")
-    for workload in dict.fromkeys(a["workload"] for a in recorded["answers"]):
+        replay = Replay(json.load(handle))
+    decoders = {method: replay.decoder(method) for method in ("auto", "lookup")}
+    print(f"{'slice':14} {'auto':>6} {'accepted':>9} {'lookup':>7} {'accepted':>9} {'ngram-simple':>13} {'accepted':>9}")
+    for workload in dict.fromkeys(a["workload"] for a in replay.answers):
         cells = []
-        for engine in (controller, None):
+        for engine in ("auto", "lookup", "ngram-simple"):
             speedups, drafted, accepted = [], 0, 0
-            for answer in (a for a in recorded["answers"] if a["workload"] == workload):
-                seconds, d, a = replay(answer, max_tokens, cost, engine)
-                speedups.append(cost(1) * (min(len(answer["answer"]), max_tokens) - 1) / seconds)
+            for answer in (a for a in replay.answers if a["workload"] == workload):
+                if engine == "ngram-simple":
+                    speedup, d, a = ngram_simple_replay(answer, max_tokens, replay.cost)
+                else:
+                    speedup, d, a = replay.run(decoders[engine], answer, max_tokens)
+                speedups.append(speedup)
                 drafted, accepted = drafted + d, accepted + a
             mean = math.exp(sum(map(math.log, speedups)) / len(speedups))
             cells.append(f"{mean:5.2f}x {accepted / max(1, drafted):8.0%}")
-        print(f"{workload:14} {cells[0]:>16} {cells[1]:>23}")
+        print(f"{workload:14} {cells[0]:>16} {cells[1]:>17} {cells[2]:>23}")
 
 
 def main() -> None:

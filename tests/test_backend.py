@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localspec.engine.backend import LlamaModel
-from localspec.engine.kernels import EXACT, MAX_VERIFY_BATCH, choose_kernels, exact_kernels_built
+from localspec.engine.kernels import EXACT, MAX_VERIFY_BATCH, build_verify_cap, choose_kernels, exact_kernels_built
 from localspec.errors import ContextFullError
 
 
@@ -106,6 +106,14 @@ def test_build_has_the_exact_kernels_where_the_cpu_can_run_them():
         import llama_cpp
 
         assert b"AVX512_VNNI = 1" in llama_cpp.llama_print_system_info()  # the small-batch q6_K GEMV
+
+
+def test_the_builds_verification_cap_is_the_engines():
+    """A patched build that says how large a batch it keeps exact must say MAX_VERIFY_BATCH (older patches
+    say nothing); exact mode is refused otherwise, so drafts never outgrow the exact kernels."""
+    assert build_verify_cap() in (None, MAX_VERIFY_BATCH)
+    if build_verify_cap() is not None:
+        assert exact_kernels_built()
 
 
 def test_rollback_then_eval_matches_fresh(tiny_target):

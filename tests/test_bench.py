@@ -28,6 +28,8 @@ from localspec.bench.runner import (
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
+from localspec.engine.controller import Controller
+from localspec.engine.costs import TRUSTED_SAMPLES
 from localspec.engine.decoder import Step
 from localspec.engine.history import LEAD_TOKENS
 from localspec.engine.stats import GenerationStats
@@ -282,18 +284,28 @@ def test_no_worthwhile_gain_means_do_not_speculate():
 
 # -- the predicted speedup -----------------------------------------------------------------------
 def test_expected_speedup_is_leviathans_formula_with_measured_costs():
-    costs = {1: 0.060, 5: 0.105}.get
+    controller = Controller("draft", has_draft_model=True, draft_cost_ratio=0.25)
+    for _ in range(TRUSTED_SAMPLES):
+        controller.costs.record_pass(1, 0.060)
+        controller.costs.record_pass(5, 0.105)
     # Prompt lookup, k = 4: one round fully accepted, one rejected at its first draft.
     steps = [Step([1] * 5, [], "lookup", 4, 4), Step([1], [], "lookup", 4, 0)]
     a = 4 / 5  # accepted / judged: the first round judged 4 drafts, the second only its first
     tokens = 1 + a + a**2 + a**3 + a**4
-    assert expected_speedup(steps, costs, None) == pytest.approx(tokens * 0.060 / 0.105)
-    # A draft model adds k draft steps per round; plain rounds are one token for one one-token pass.
+    assert expected_speedup(steps, controller, controller) == pytest.approx(tokens * 0.060 / 0.105)
+    # A draft model adds k draft steps per round (priced at the prior ratio until measured); plain rounds
+    # are one token for one one-token pass.
     draft = [Step([1, 1, 1], [], "draft", 4, 2), Step([1], [], "none", 0, 0)]
     a = 2 / 3
-    expected = (1 + a + a**2 + a**3 + a**4 + 1) * 0.060 / (0.105 + 4 * 0.030 + 0.060)
-    assert expected_speedup(draft, costs, 0.030) == pytest.approx(expected)
-    assert expected_speedup(draft, costs, None) is None  # a draft step never measured: no prediction
+    expected = lambda step: (1 + a + a**2 + a**3 + a**4 + 1) * 0.060 / (0.105 + 4 * step + 0.060)  # noqa: E731
+    assert expected_speedup(draft, controller, controller) == pytest.approx(expected(0.25 * 0.060))
+    controller.record_draft("draft", 0, 0.0, 4, 4 * 0.030)
+    assert expected_speedup(draft, controller, controller) == pytest.approx(expected(0.030))
+    # A configuration that never timed a one-token pass is priced with the baseline's passes.
+    fixed = Controller("draft", draft_len=4, has_draft_model=True)
+    fixed.record_draft("draft", 0, 0.0, 4, 4 * 0.030)
+    assert expected_speedup(draft, fixed, controller) == pytest.approx(expected(0.030))
+    assert expected_speedup(draft, fixed, fixed) is None  # no pass measured at all: no prediction
 
 
 # -- --write-profile -----------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece, stream_text
 from localspec.errors import UsageError
 from localspec.session import ModelOptions, Pair, open_decoder
-from localspec.tui import LiveView, sparkline
+from localspec.engine.drafting import Source
+from localspec.tui import SOURCE_NAMES, LiveView, sparkline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -208,6 +209,17 @@ def test_live_view_prints_completed_lines_once(tiny_target):
     step = Step([0], ["target"], "none", 0, 0)
     view.stream([TextPiece(t, "target", step) for t in ("one\ntw", "o\n", "three")])
     assert screen.getvalue().count("one") == 1 and "one\ntwo\nthree\n" in screen.getvalue()
+
+
+@pytest.mark.parametrize("source", list(Source))
+def test_live_view_shows_every_token_source(tiny_target, source):
+    """A constrained answer's grammar-forced tokens too (the live view once raised KeyError on them)."""
+    decoder = make_decoder(tiny_target, method="none")
+    screen = io.StringIO()
+    view = LiveView(Console(file=screen, force_terminal=True, width=100), decoder, min_interval=0)
+    step = Step([0], [source], source, 1, 1)
+    assert view.stream([TextPiece("forced", source, step)]) == "forced"
+    assert SOURCE_NAMES[source] in view.status_text(decoder.stats, 1.0).plain
 
 
 def test_live_view_colours_tokens_drafted_from_the_answer_history(tiny_target):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -229,9 +228,7 @@ def gemma_header() -> dict:
 
 @pytest.mark.real
 def test_qwen_pair_is_compatible_with_a_tool_call_warning(qwen_pair):
-    started = time.perf_counter()
     report = pair_report(*qwen_pair)
-    print(f"Qwen pair check incl. vocab-only round-trip: {time.perf_counter() - started:.2f} s")
     assert report.verdict == "compatible with warnings"
     warnings = [f for f in report.findings if f.severity == "warning"]
     assert [f.code for f in warnings] == ["chat-template"]
@@ -240,13 +237,10 @@ def test_qwen_pair_is_compatible_with_a_tool_call_warning(qwen_pair):
 
 
 @pytest.mark.real
-def test_qwen_pair_headers_only_check_is_fast(qwen_pair):
-    started = time.perf_counter()
+def test_qwen_pair_headers_only_check_loads_no_vocabulary(qwen_pair):
     report = check_pair(read_header(qwen_pair[0]), read_header(qwen_pair[1]))
-    elapsed = time.perf_counter() - started
-    print(f"Qwen pair header check: {elapsed:.2f} s")
     assert report.verdict == "compatible with warnings"
-    assert elapsed < 5
+    assert finding(report, "round-trip").detail == "headers only (no local files)"  # llama.cpp loads nothing
 
 
 @pytest.mark.real

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.controller import (
-    COST_WINDOW,
-    MAX_DRAFT_LEN,
-    PRIOR_BATCH_SLOPE,
-    TRUSTED_SAMPLES,
-    Controller,
-    expected_tokens,
-)
+from localspec.engine.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
+from localspec.engine.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
+from localspec.engine.drafting import Offer, Source
+from localspec.engine.estimates import expected_tokens
 from localspec.errors import UsageError
 
 # Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).
@@ -19,11 +15,22 @@ CPU = {1: 0.060, 2: 0.093, 3: 0.100, 4: 0.105, 5: 0.125, 8: 0.191, 9: 0.195, 16:
 GPU = {b: 0.020 + 0.0002 * b for b in range(1, 66)}
 
 
+def choose(controller, *, lookup_available=0, lookup_match_len=0, suffix_available=0, suffix_match_len=0,
+         draft_catch_up=lambda: 0, **kwargs):
+    """The controller's plan for what the drafters offer: lookup and suffix what is given, a draft model
+    (where there is one) up to the controller's limit."""
+    offers = [Offer(Source.LOOKUP, lookup_available, lookup_match_len),
+              Offer(Source.SUFFIX, suffix_available, suffix_match_len)]
+    if controller.has_draft_model:
+        offers.append(Offer(Source.DRAFT, controller.draft_limit, catch_up=draft_catch_up))
+    return controller.plan(offers, **kwargs)
+
+
 def measured(costs, **kwargs) -> Controller:
     controller = Controller(**kwargs)
     for _ in range(TRUSTED_SAMPLES):
         for batch, seconds in costs.items():
-            controller.record_pass(batch, seconds)
+            controller.costs.record_pass(batch, seconds)
     return controller
 
 
@@ -35,19 +42,20 @@ def teach(controller, source, match_len, acceptance, rounds=40, k=8):
 
 
 def test_expected_tokens_is_the_geometric_sum():
-    assert expected_tokens(0.0, 5) == 1.0
-    assert expected_tokens(1.0, 5) == 6.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens([0.0] * 5) == [1.0] * 6
+    assert expected_tokens([1.0] * 5)[5] == 6.0
+    assert expected_tokens([0.5, 0.5]) == pytest.approx([1.0, 1.5, 1.75])
+    assert expected_tokens([0.9, 0.5, 1.0]) == pytest.approx([1.0, 1.9, 2.35, 2.8])
 
 
 @pytest.mark.parametrize("method", ["auto", "lookup"])
 def test_plain_steps_come_first_so_every_choice_has_a_price(method):
     controller = Controller(method)
-    controller.record_pass(300, 2.0)  # a large prefill alone does not price a one-token step
+    controller.costs.record_pass(300, 2.0)  # a large prefill alone does not price a one-token step
     for _ in range(TRUSTED_SAMPLES):
-        assert controller.plan(lookup_available=10, lookup_match_len=8).method == "none"
-        controller.record_pass(1, 0.04)
-    assert controller.plan(lookup_available=10, lookup_match_len=8).method == "lookup"
+        assert choose(controller, lookup_available=10, lookup_match_len=8).method == "none"
+        controller.costs.record_pass(1, 0.04)
+    assert choose(controller, lookup_available=10, lookup_match_len=8).method == "lookup"
 
 
 def test_a_measured_large_pass_makes_long_copies_pay():
@@ -55,9 +63,9 @@ def test_a_measured_large_pass_makes_long_copies_pay():
     small = {1: 0.043, 2: 0.064, 3: 0.080, 4: 0.100}
     controller = measured(small, method="lookup")
     teach(controller, "lookup", 32, 0.95, k=20)
-    short = controller.plan(lookup_available=64, lookup_match_len=32)
-    controller.record_pass(268, 2.1)
-    long = controller.plan(lookup_available=64, lookup_match_len=32)
+    short = choose(controller, lookup_available=64, lookup_match_len=32)
+    controller.costs.record_pass(268, 2.1)
+    long = choose(controller, lookup_available=64, lookup_match_len=32)
     assert long.k > 2 * short.k and long.expected_rate > short.expected_rate
 
 
@@ -73,19 +81,19 @@ def test_each_lookup_draft_position_is_credited_to_the_match_it_continues():
     # A copy that has run far is expected to run on: the plan drafts past the bucket it started in.
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 16, 0.99, k=32)
-    assert controller.plan(lookup_available=64, lookup_match_len=8).k > 8
+    assert choose(controller, lookup_available=64, lookup_match_len=8).k > 8
 
 
 def test_cpu_costs_with_a_poor_lookup_do_not_speculate():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 1, 0.1)
-    assert controller.plan(lookup_available=64, lookup_match_len=1).method == "none"
+    assert choose(controller, lookup_available=64, lookup_match_len=1).method == "none"
 
 
 def test_a_long_reliable_match_drafts_long():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.95)
-    plan = controller.plan(lookup_available=64, lookup_match_len=4)
+    plan = choose(controller, lookup_available=64, lookup_match_len=4)
     assert plan.method == "lookup" and plan.k >= 8
     assert plan.expected_rate > 1.5 / CPU[1]
 
@@ -93,10 +101,10 @@ def test_a_long_reliable_match_drafts_long():
 def test_draft_model_loses_on_cpu_and_wins_on_gpu():
     cpu = measured(CPU, method="auto", has_draft_model=True, draft_cost_ratio=0.57)
     teach(cpu, "draft", 1, 0.75)
-    assert cpu.plan(lookup_available=0, lookup_match_len=0).method == "none"
+    assert choose(cpu, lookup_available=0, lookup_match_len=0).method == "none"
     gpu = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
     teach(gpu, "draft", 1, 0.75)
-    plan = gpu.plan(lookup_available=0, lookup_match_len=0)
+    plan = choose(gpu, lookup_available=0, lookup_match_len=0)
     assert plan.method == "draft" and plan.k >= 3
 
 
@@ -105,46 +113,45 @@ def test_measured_draft_step_cost_overrides_the_prior():
     teach(controller, "draft", 1, 0.75)
     for _ in range(5):
         # the draft turned out slower than the target
-        controller.record_draft(0, 0.0, 4, 4 * 0.030)
-    assert controller.plan(lookup_available=0, lookup_match_len=0).method == "none"
+        controller.record_draft(Source.DRAFT, 0, 0.0, 4, 4 * 0.030)
+    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "none"
 
 
 def test_one_slow_pass_does_not_write_off_a_batch_size():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.95)
     for _ in range(3):
-        controller.record_pass(17, 0.240)
-    controller.record_pass(17, 30.0)  # another process stole the CPU for this one
-    assert controller.pass_cost(17) < 0.3
+        controller.costs.record_pass(17, 0.240)
+    controller.costs.record_pass(17, 30.0)  # another process stole the CPU for this one
+    assert controller.costs.pass_cost(17) < 0.3
 
 
 def test_written_off_option_is_retried_after_a_while():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.0, rounds=10)
-    assert controller.plan(lookup_available=8, lookup_match_len=4).method == "none"
+    assert choose(controller, lookup_available=8, lookup_match_len=4).method == "none"
     for _ in range(300):
         controller.record_round("none", 0, 0, 0)
-    assert controller.plan(lookup_available=8, lookup_match_len=4).method == "lookup"
+    assert choose(controller, lookup_available=8, lookup_match_len=4).method == "lookup"
 
 
 def test_on_a_gpu_even_a_poor_lookup_pays():
     """Verification is nearly free there, so a 10% acceptance is still worth a draft."""
     controller = measured(GPU, method="auto")
     teach(controller, "lookup", 1, 0.1)
-    assert controller.plan(lookup_available=8, lookup_match_len=1).method == "lookup"
+    assert choose(controller, lookup_available=8, lookup_match_len=1).method == "lookup"
 
 
 def test_fixed_methods_and_lengths():
     controller = measured(CPU, method="lookup", draft_len=5)
-    assert controller.plan(lookup_available=64, lookup_match_len=1) == controller.plan(
-        lookup_available=64, lookup_match_len=4
-    )
-    assert controller.plan(lookup_available=64, lookup_match_len=1).k == 5
-    assert controller.plan(lookup_available=0, lookup_match_len=0).method == "none"
+    # A fixed length is taken whatever the match: no pricing.
+    assert {choose(controller, lookup_available=64, lookup_match_len=m).k for m in (1, 4, 32)} == {5}
+    assert choose(controller, lookup_available=64, lookup_match_len=1).k == 5
+    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "none"
     hybrid = measured(CPU, method="hybrid", draft_len=3, has_draft_model=True)
-    assert hybrid.plan(lookup_available=0, lookup_match_len=0).method == "draft"
-    assert hybrid.plan(lookup_available=2, lookup_match_len=3).method == "lookup"
-    assert measured(CPU, method="none").plan(lookup_available=64, lookup_match_len=4).method == "none"
+    assert choose(hybrid, lookup_available=0, lookup_match_len=0).method == "draft"
+    assert choose(hybrid, lookup_available=2, lookup_match_len=3).method == "lookup"
+    assert choose(measured(CPU, method="none"), lookup_available=64, lookup_match_len=4).method == "none"
 
 
 def test_configure_errors_name_the_fix():
@@ -164,11 +171,11 @@ def test_configure_errors_name_the_fix():
 def test_extrapolation_follows_the_measured_slope():
     """A CPU where each extra token costs most of a pass must not be assumed as cheap as the prior says."""
     controller = measured({1: 0.040, 9: 0.210}, method="auto")
-    assert controller.pass_cost(17) == pytest.approx(0.210 + (0.210 - 0.040) / 8 * 8)
-    assert controller.pass_cost(5) == pytest.approx(0.040 + 0.5 * 0.170)
+    assert controller.costs.pass_cost(17) == pytest.approx(0.210 + (0.210 - 0.040) / 8 * 8)
+    assert controller.costs.pass_cost(5) == pytest.approx(0.040 + 0.5 * 0.170)
     # One step from one token to two is the steepest part of a CPU's curve: it does not set the slope.
     steep = measured({1: 0.040, 2: 0.080}, method="auto")
-    assert steep.pass_cost(10) == pytest.approx(0.080 + PRIOR_BATCH_SLOPE * 0.040 * 8)
+    assert steep.costs.pass_cost(10) == pytest.approx(0.080 + PRIOR_BATCH_SLOPE * 0.040 * 8)
 
 
 def test_a_copy_in_progress_is_its_own_bucket():
@@ -176,41 +183,41 @@ def test_a_copy_in_progress_is_its_own_bucket():
     teach(controller, "lookup", 4, 0.2)
     teach(controller, "lookup", 12, 0.95)
     assert controller.acceptance("lookup", 5) < 0.5 < controller.acceptance("lookup", 9)
-    assert controller.plan(lookup_available=64, lookup_match_len=12).method == "lookup"
+    assert choose(controller, lookup_available=64, lookup_match_len=12).method == "lookup"
 
 
 def test_a_short_answer_does_not_start_with_probes_at_a_loss():
     """With only a one-token pass and a prefill measured, small batches are priced at the prior slope
     (not on the line to the cheap-per-token prefill), so a chance short match is not drafted."""
     controller = measured({1: 0.037, 300: 2.0}, method="auto")
-    assert controller.pass_cost(2) == pytest.approx(0.037 * (1 + PRIOR_BATCH_SLOPE))
-    assert controller.plan(lookup_available=8, lookup_match_len=1).method == "none"
-    assert controller.plan(lookup_available=8, lookup_match_len=2).method == "none"
+    assert controller.costs.pass_cost(2) == pytest.approx(0.037 * (1 + PRIOR_BATCH_SLOPE))
+    assert choose(controller, lookup_available=8, lookup_match_len=1).method == "none"
+    assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"
     # Far from measured sizes the estimate heads for the prefill's cost, so a long copy may still be tried.
-    assert controller.pass_cost(64) < 0.037 * (1 + PRIOR_BATCH_SLOPE * 63)
+    assert controller.costs.pass_cost(64) < 0.037 * (1 + PRIOR_BATCH_SLOPE * 63)
 
 
 def test_a_draft_catch_up_must_be_repaid_within_the_answer():
     """A draft that pays per token in steady state is still not worth a long catch-up near the end."""
     controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
     teach(controller, "draft", 1, 0.8)
-    in_step = controller.plan(lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2, remaining=4)
+    in_step = choose(controller, lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2, remaining=4)
     assert in_step.method == "draft"
     behind = dict(lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2000)
-    assert controller.plan(**behind, generated=10, remaining=10).method == "none"
+    assert choose(controller, **behind, generated=10, remaining=10).method == "none"
     assert "catching up on 2000 tokens" in controller.draft_status()
-    assert controller.plan(**behind, generated=3000, remaining=5000).method == "draft"
+    assert choose(controller, **behind, generated=3000, remaining=5000).method == "draft"
 
 
 def test_a_draft_that_cannot_pay_is_off_for_the_session():
     controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
-    assert controller.plan(lookup_available=0, lookup_match_len=0).method == "draft"  # by its priors
-    controller.record_draft(300, 0.3, 4, 4 * 0.030)
+    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "draft"  # by its priors
+    controller.record_draft(Source.DRAFT, 300, 0.3, 4, 4 * 0.030)
     controller.record_round("draft", 0, 4, 4)
-    assert controller.draft_off is not None
+    assert controller.draft_status().startswith("off for this session")
     assert controller.draft_status().startswith("off for this session: a draft step costs 1.49 of a target step")
     teach(controller, "draft", 1, 1.0)  # even perfect acceptance later does not bring it back
-    assert controller.plan(lookup_available=0, lookup_match_len=0, generated=10**6).method == "none"
+    assert choose(controller, lookup_available=0, lookup_match_len=0, generated=10**6).method == "none"
 
 
 def test_an_unused_draft_keeps_its_acceptance_estimate():
@@ -221,7 +228,7 @@ def test_an_unused_draft_keeps_its_acceptance_estimate():
     for _ in range(300):
         controller.record_round("none", 0, 0, 0)
     assert controller.acceptance("draft") == low
-    assert controller.plan(lookup_available=0, lookup_match_len=0).method == "none"
+    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "none"
 
 
 def test_a_slow_spell_leaves_no_stale_costs():
@@ -231,9 +238,9 @@ def test_a_slow_spell_leaves_no_stale_costs():
     teach(controller, "lookup", 4, 0.95)
     for _ in range(COST_WINDOW):
         controller.record_round("none", 0, 0, 0)
-        controller.record_pass(1, CPU[1])
-    assert controller.pass_cost(9) == pytest.approx(CPU[9])
-    assert controller.plan(lookup_available=64, lookup_match_len=4).method == "lookup"
+        controller.costs.record_pass(1, CPU[1])
+    assert controller.costs.pass_cost(9) == pytest.approx(CPU[9])
+    assert choose(controller, lookup_available=64, lookup_match_len=4).method == "lookup"
 
 
 def test_remembered_costs_let_the_first_long_copy_take_the_length_that_pays():
@@ -245,39 +252,38 @@ def test_remembered_costs_let_the_first_long_copy_take_the_length_that_pays():
     remembering = Controller("lookup")
     remembering.remember({b: seconds / curve[1] for b, seconds in curve.items()})
     for _ in range(TRUSTED_SAMPLES):
-        remembering.record_pass(1, curve[1])
-    assert remembering.pass_cost(32) == pytest.approx(curve[32])
+        remembering.costs.record_pass(1, curve[1])
+    assert remembering.costs.pass_cost(32) == pytest.approx(curve[32])
     for controller in (fresh, remembering):
         for match_len in (8, 16, 32):
             teach(controller, "lookup", match_len, 0.95, k=32)
-    guessed = fresh.plan(lookup_available=64, lookup_match_len=8)
-    known = remembering.plan(lookup_available=64, lookup_match_len=8)
+    guessed = choose(fresh, lookup_available=64, lookup_match_len=8)
+    known = choose(remembering, lookup_available=64, lookup_match_len=8)
     assert guessed.k < 16 and known.k >= 31
     # What it measures goes back to memory; the one-token pass and a prefill-sized pass do not.
-    remembering.record_pass(300, 2.0)
-    assert remembering.relative_costs() == pytest.approx({b: s / curve[1] for b, s in curve.items() if b > 1})
+    remembering.costs.record_pass(300, 2.0)
+    assert remembering.costs.relative_costs() == pytest.approx({b: s / curve[1] for b, s in curve.items() if b > 1})
 
 
 def test_a_stale_remembered_cost_is_outvoted_by_this_sessions_passes():
     controller = measured({1: 0.05}, method="auto")
     controller.remember({8: 1.2, 1: 7.0, 500: 3.0})  # a one-token or prefill-sized entry is ignored
-    assert controller.pass_cost(8) == pytest.approx(0.06)
-    assert set(controller.relative_costs()) == {8}
+    assert controller.costs.pass_cost(8) == pytest.approx(0.06)
+    assert set(controller.costs.relative_costs()) == {8}
     for _ in range(TRUSTED_SAMPLES + 1):
-        controller.record_pass(8, 0.15)
-    assert controller.pass_cost(8) == pytest.approx(0.15)
-    assert controller.pass_cost(1) == pytest.approx(0.05)
+        controller.costs.record_pass(8, 0.15)
+    assert controller.costs.pass_cost(8) == pytest.approx(0.15)
+    assert controller.costs.pass_cost(1) == pytest.approx(0.05)
 
 
 def test_remembered_costs_need_no_one_token_pass_to_report():
     """A fixed draft length never times a one-token pass, so remembered sizes have no absolute price."""
     controller = Controller("lookup", draft_len=2)
     controller.remember({3: 1.3, 16: 3.0})
-    controller.record_pass(3, 0.09)
-    assert controller.plan(lookup_available=5, lookup_match_len=2).k == 2
-    assert controller.costs()["pass_s"] == {}
-    assert controller.catch_up_cost(10) == 0.0
-    assert controller.relative_costs() == {3: 1.3, 16: 3.0}
+    controller.costs.record_pass(3, 0.09)
+    assert choose(controller, lookup_available=5, lookup_match_len=2).k == 2
+    assert controller.beliefs()["pass_s"] == {}
+    assert controller.costs.relative_costs() == {3: 1.3, 16: 3.0}
 
 
 def test_loading_the_draft_is_charged_to_its_first_use():
@@ -285,11 +291,11 @@ def test_loading_the_draft_is_charged_to_its_first_use():
     the catch-up is charged."""
     controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15, draft_load_s=0.5)
     in_step = dict(lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2)
-    assert controller.plan(**in_step, generated=0, remaining=96).method == "none"
+    assert choose(controller, **in_step, generated=0, remaining=96).method == "none"
     assert controller.draft_status().startswith("not used: loading it and catching up on 2 tokens would cost 0.50 s")
-    assert controller.plan(**in_step, generated=2000, remaining=4000).method == "draft"
-    controller.record_draft(0, 0.0, 1, 0.003)
-    assert controller.plan(**in_step, generated=0, remaining=96).method == "draft"
+    assert choose(controller, **in_step, generated=2000, remaining=4000).method == "draft"
+    controller.record_draft(Source.DRAFT, 0, 0.0, 1, 0.003)
+    assert choose(controller, **in_step, generated=0, remaining=96).method == "draft"
 
 
 def test_a_recurrent_target_prices_drafts_past_its_snapshots():
@@ -298,9 +304,9 @@ def test_a_recurrent_target_prices_drafts_past_its_snapshots():
     def plan(checkpoint_s, restore_s, window=4):
         controller = measured(GPU, method="lookup", rollback_window=window)
         teach(controller, "lookup", 32, 0.97, k=8)
-        controller.record_checkpoint(checkpoint_s)
-        controller.record_restore(restore_s + controller.pass_cost(3), 3)
-        return controller.plan(lookup_available=32, lookup_match_len=32)
+        controller.costs.record_checkpoint(checkpoint_s)
+        controller.costs.record_restore(restore_s + controller.costs.pass_cost(3), 3)
+        return choose(controller, lookup_available=32, lookup_match_len=32)
 
     assert plan(checkpoint_s=0.2, restore_s=0.2).k <= 4
     assert plan(checkpoint_s=0.0001, restore_s=0.0001).k > 4
@@ -311,7 +317,7 @@ def test_a_recurrent_target_prices_drafts_past_its_snapshots():
 def test_a_target_that_cannot_roll_back_never_speculates_and_says_why():
     controller = measured(CPU, method="auto", has_draft_model=True, speculation_off="no checkpoint")
     teach(controller, "lookup", 32, 0.99)
-    assert controller.plan(lookup_available=32, lookup_match_len=32).method == "none"
+    assert choose(controller, lookup_available=32, lookup_match_len=32).method == "none"
     assert "no checkpoint" in controller.draft_status()
 
 
@@ -320,16 +326,45 @@ def test_suffix_drafts_are_priced_by_their_own_acceptance_and_only_in_auto():
     teach(controller, "lookup", 4, 0.2)
     teach(controller, "suffix", 8, 0.95)
     # Earlier answers predict this one better than the context does: auto drafts from them.
-    plan = controller.plan(lookup_available=64, lookup_match_len=4, suffix_available=64, suffix_match_len=8)
+    plan = choose(controller, lookup_available=64, lookup_match_len=4, suffix_available=64, suffix_match_len=8)
     assert plan.method == "suffix" and plan.k >= 8
     # The same match in the context's estimate was not touched by the suffix rounds, and vice versa.
     assert controller.acceptance("lookup", 8) < 0.9 < controller.acceptance("suffix", 8)
-    assert controller.costs()["suffix_acceptance"][8] == round(controller.acceptance("suffix", 8), 3)
+    assert controller.beliefs()["suffix_acceptance"][8] == round(controller.acceptance("suffix", 8), 3)
     # A history that keeps failing is left alone.
     teach(controller, "suffix", 8, 0.05, rounds=200)
     only_history = {"lookup_available": 0, "lookup_match_len": 0, "suffix_available": 64, "suffix_match_len": 8}
-    assert controller.plan(**only_history).method == "none"
+    assert choose(controller, **only_history).method == "none"
     # Fixed methods never draft from the history.
     lookup = measured(CPU, method="lookup")
     teach(lookup, "suffix", 8, 0.99)
-    assert lookup.plan(**only_history).method == "none"
+    assert choose(lookup, **only_history).method == "none"
+
+
+def test_a_prior_that_is_wrong_here_gets_measured_and_then_drafted_from():
+    """Short matches are priced as a loss by their priors; a bounded exploration tries them anyway as the
+    answer runs, and once measured as reliable they are drafted from in earnest."""
+    controller = measured(CPU, method="auto")
+    assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"  # no budget yet
+    plans = []
+    for _ in range(600):
+        plan = choose(controller, lookup_available=8, lookup_match_len=2)
+        plans.append(plan)
+        # This text copies well: every drafted token is accepted.
+        controller.record_round(plan.method, 2, plan.k, plan.k)
+    assert any(p.explored for p in plans[:300]), "no probe: the wrong prior was never measured"
+    assert all(p.method == "lookup" and not p.explored for p in plans[-50:])
+    assert controller.acceptance("lookup", 2) > 0.9
+
+
+def test_exploring_a_drafter_that_never_pays_costs_a_bounded_share():
+    controller = measured(CPU, method="auto")
+    for _ in range(2000):
+        plan = choose(controller, lookup_available=8, lookup_match_len=2)
+        controller.record_round(plan.method, 2, plan.k, 0)  # every draft rejected
+    beliefs = controller.beliefs()
+    assert beliefs["explored_rounds"] > 0
+    target_alone_s = 2000 * CPU[1]  # about one token per round
+    assert beliefs["exploration_loss_s"] <= EXPLORE_SHARE * target_alone_s + CPU[9]  # give or take one probe
+    # Measured as useless, it is left alone: the last rounds keep to the target.
+    assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import time
 import tracemalloc
 
 import gguf
@@ -111,15 +110,12 @@ def test_2_pow_40_array_entries_fail_at_once_in_little_memory(element_type, tmp_
     path = tmp_path / "huge.gguf"
     path.write_bytes(crafted([kv_uint32("general.alignment", 32), kv_array_head("tokenizer.ggml.tokens", element_type, 2**40)]))
     tracemalloc.start()
-    started = time.perf_counter()
     with pytest.raises(GGUFError, match="claims 1099511627776 entries"):
         read_header(path)
-    elapsed = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"2^40-entry array ({element_type.name}): {elapsed * 1000:.2f} ms, peak {peak / 1024:.0f} KiB")
-    assert elapsed < 0.1
-    # The reader's first read is one 1 MiB chunk at most; nothing is sized from the claimed count.
+    # The reader's first read is one 1 MiB chunk at most; nothing is sized from the claimed count (nor
+    # iterated over it: a loop over 2^40 entries would never end, and the test timeout would fail it).
     assert peak < 4 * 1024 * 1024
 
 
@@ -142,12 +138,7 @@ def test_a_missing_file_is_a_gguf_error(tmp_path):
 
 
 @pytest.mark.real
-def test_qwen_pair_headers_read_fast(qwen_pair):
-    started = time.perf_counter()
-    headers = [read_header(path) for path in qwen_pair]
-    elapsed = time.perf_counter() - started
-    print(f"both Qwen headers: {elapsed:.3f} s")
-    for header in headers:
+def test_qwen_pair_headers_are_read_whole(qwen_pair):
+    for header in (read_header(path) for path in qwen_pair):
         assert len(header["tokenizer.ggml.tokens"]) == 151936
         assert len(header["tokenizer.ggml.merges"]) > 150_000
-    assert elapsed < 3

@@ -20,13 +20,17 @@ def history_file(localspec_home):
 def test_answers_survive_a_restart_with_their_lead_in(history_file):
     store = HistoryStore(history_file)
     store.add([100, 101, 1, 2, 3, 4, 5], [6, 7, 8, 9])
+    assert not history_file.exists()  # adding learns in memory; the session saves after each answer
+    store.save()
     again = HistoryStore(history_file)
     assert again.index.tokens.tolist() == [2, 3, 4, 5, 6, 7, 8, 9, SEPARATOR][-(LEAD_TOKENS + 5) :]
     assert again.index.propose([3, 4, 5], 8).tokens == [6, 7, 8, 9]
 
 
 def test_the_history_is_readable_by_its_owner_only(history_file):
-    HistoryStore(history_file).add([1, 2, 3], [4, 5])
+    store = HistoryStore(history_file)
+    store.add([1, 2, 3], [4, 5])
+    store.save()
     assert stat.S_IMODE(history_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(history_file.parent.stat().st_mode) == 0o700
     assert [p.name for p in history_file.parent.iterdir()] == [history_file.name]  # no temp file left
@@ -44,11 +48,14 @@ def test_the_history_is_readable_by_its_owner_only(history_file):
     ids=["torn-token", "torn-header", "bit-rot", "foreign", "empty"],
 )
 def test_a_damaged_file_is_read_as_empty_and_rewritten(history_file, damage):
-    HistoryStore(history_file).add([1, 2, 3], [4, 5, 6])
+    first = HistoryStore(history_file)
+    first.add([1, 2, 3], [4, 5, 6])
+    first.save()
     history_file.write_bytes(damage(history_file.read_bytes()))
     store = HistoryStore(history_file)
     assert len(store) == 0
     store.add([7, 8, 9], [10])
+    store.save()
     assert HistoryStore(history_file).index.tokens.tolist() == [7, 8, 9, 10, SEPARATOR]
 
 
@@ -56,6 +63,7 @@ def test_the_oldest_answers_are_dropped_past_the_bound(history_file):
     store = HistoryStore(history_file, max_tokens=20)
     for answer in range(10):
         store.add([], [answer] * 4)  # 5 tokens each with its separator
+    store.save()
     kept = HistoryStore(history_file, max_tokens=20).index.tokens.tolist()
     assert len(kept) <= 20
     assert kept[-5:] == [9, 9, 9, 9, SEPARATOR]  # whole answers, newest last
@@ -65,6 +73,7 @@ def test_the_oldest_answers_are_dropped_past_the_bound(history_file):
 def test_a_store_without_a_path_never_writes(localspec_home):
     store = HistoryStore(None)
     store.add([1, 2, 3], [4, 5])
+    store.save()
     assert len(store) > 0
     assert not paths.history_dir().exists()
 
@@ -73,6 +82,7 @@ def test_a_store_not_learning_keeps_what_it_has(history_file):
     store = HistoryStore(history_file)
     store.learning = False
     store.add([1, 2, 3], [4, 5])
+    store.save()
     assert len(store) == 0 and not history_file.exists()
 
 

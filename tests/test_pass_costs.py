@@ -8,8 +8,8 @@ import pytest
 
 from localspec import paths
 from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.pass_costs import MAX_ENTRIES, PassCostMemory
+from localspec.session import ModelOptions, Pair, open_decoder
 
 
 def test_costs_round_trip_per_identity(tmp_path):
@@ -32,10 +32,13 @@ def test_a_damaged_file_counts_as_empty_and_is_rewritten(tmp_path, content):
     assert [p.name for p in tmp_path.iterdir()] == ["pass-costs.json"]  # no temporary file left
 
 
-def test_an_unwritable_place_is_skipped_not_raised(tmp_path):
+def test_an_unwritable_place_is_skipped_and_leaves_nothing_behind(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    PassCostMemory(blocker / "pass-costs.json", "model A").save({2: 1.0})
+    memory = PassCostMemory(blocker / "pass-costs.json", "model A")
+    memory.save({2: 1.0})  # its directory cannot be made: a file is in the way
+    assert memory.load() == {}
+    assert [p.name for p in tmp_path.iterdir()] == ["file"] and blocker.read_text() == ""
 
 
 def test_only_the_latest_machines_and_models_are_kept(tmp_path):
@@ -47,18 +50,19 @@ def test_only_the_latest_machines_and_models_are_kept(tmp_path):
 
 
 def test_a_session_remembers_its_pass_costs_for_the_next(tiny_target):
-    target = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    pair, options = Pair(tiny_target, None, "tiny"), ModelOptions(n_ctx=256, threads=1)
+    first = open_decoder(pair, options, method="lookup", draft_len=4, history=False)
+    target = first.target
     memory = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
-    first = SpeculativeDecoder(target, method="lookup", draft_len=4, pass_costs=memory)
     prompt = target.tokenize("the cat sat on the mat. the cat sat on the mat. the cat", add_bos=True)
     for _ in range(3):
         target.reset()
         list(first.generate(prompt, max_tokens=40))
-    measured = first.controller.relative_costs()
+    measured = first.controller.costs.relative_costs()
     assert measured and set(measured) <= set(range(2, 6))
     assert memory.load() == pytest.approx({b: round(r, 4) for b, r in measured.items()}, abs=1e-4)
-    second = SpeculativeDecoder(target, method="lookup", pass_costs=memory)
-    assert second.controller.relative_costs() == pytest.approx(memory.load())
+    second = open_decoder(pair, options, method="lookup", history=False)
+    assert second.controller.costs.relative_costs() == pytest.approx(memory.load())
     # Another thread count prices passes differently: it starts from nothing.
     other = LlamaModel(tiny_target, n_ctx=256, n_threads=2)
     assert PassCostMemory(paths.pass_costs_file(), other.cost_identity()).load() == {}

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder, Step
-from localspec.engine.text import stream_text
+from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.text import STOP_STRING, stream_text
 
 
 def _pieces(tiny_target, stop=()):
@@ -31,11 +31,15 @@ def test_output_ends_before_the_first_stop_string(tiny_target):
 
 
 def test_a_stop_string_in_the_round_that_ends_the_budget_is_still_the_reason(tiny_target):
-    """A long accepted draft (an answer found in the history, say) can hold the stop string and reach
-    the token budget in one round: the decoder then says "length", the last piece knows better."""
-    model = LlamaModel(tiny_target, n_ctx=256, n_threads=1, vocab_only=True)
-    tokens = model.tokenize("hello world the code", add_bos=False)
-    last_round = Step(tokens, ["suffix"] * len(tokens), "suffix", len(tokens) - 1, len(tokens) - 1)
-    pieces = list(stream_text(model, [last_round], stop=("world",)))
-    assert "".join(p.text for p in pieces).strip() == "hello" and pieces[-1].stop == "world"
-    assert all(p.stop is None for p in stream_text(model, [last_round], stop=("nowhere",)))
+    """The round that emits the stop string may also use up the token budget: the decoder then says
+    "length", and its stream says "stop_string" instead."""
+    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=256, n_threads=1), method="none")
+    prompt = decoder.target.tokenize("hello world the code", add_bos=True)
+    budget = 20
+    full = "".join(piece.text for piece in decoder.stream(prompt, max_tokens=budget))
+    assert decoder.stats.stop_reason == "length" and decoder.stats.generated_tokens == budget
+    stop = next(full[-n:] for n in range(1, len(full) + 1) if full.index(full[-n:]) == len(full) - n)
+    pieces = list(decoder.stream(prompt, stop=(stop,), max_tokens=budget))
+    assert "".join(p.text for p in pieces) == full[: -len(stop)] and pieces[-1].stop == stop
+    assert decoder.stats.generated_tokens == budget  # the stop string came in the budget's last round
+    assert decoder.stats.stop_reason == STOP_STRING

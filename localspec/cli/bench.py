@@ -127,7 +127,8 @@ def bench_command(
     if methods is None and decoder.controller.mtp_head == "":
         configs += _configs(["mtp"], _draft_lens(draft_len))
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head)
+        check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head,
+                     draft_fix="pass --draft PATH or use --profile")
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

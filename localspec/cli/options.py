@@ -118,7 +118,8 @@ class GenerationOptions:
         defaults = pair.profile.defaults if pair.profile else Defaults()
         ensure_compatible(pair, force=self.force)
         method = _pick(self.method, defaults.method)
-        check_method(method, has_draft_model=pair.draft is not None, given_as="--method")
+        check_method(method, has_draft_model=pair.draft is not None, given_as="--method",
+                     draft_fix="pass --draft PATH or use --profile")
         options = ModelOptions(
             n_ctx=_pick(self.ctx, defaults.n_ctx),
             threads=_pick(self.threads, defaults.threads),

@@ -5,9 +5,9 @@ Costs are measured (costs.py), acceptance is a running estimate per drafter (est
 tokens yields ``expected_tokens`` for one target pass of k + 1 tokens plus, for a model drafter, k draft
 steps; the target alone yields one token for a pass of one. Where nothing beats the target alone, it
 does not speculate, except for a bounded exploration: a copy drafter whose estimate may be too low (its
-hopeful rate would pay) is tried while the expected loss of such probes stays under ``EXPLORE_SHARE`` of
-the time the target alone would have taken for the tokens emitted so far, so a prior that is wrong on
-this CPU gets measured instead of written off.
+hopeful rate would pay) is tried while what such probes lost in this answer stays under ``EXPLORE_SHARE``
+of the time the target alone would have taken for its tokens so far, so a prior that is wrong on this
+CPU gets measured instead of written off.
 
 A model drafter's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
 it, so in ``auto`` it is used only when its saving per token over the answer's expected remaining length
@@ -46,8 +46,9 @@ MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus th
 DEFAULT_DRAFT_MAX = 16
 # An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
 MIN_EXPECTED_REMAINING = 32
-# Exploration may lose at most this share of the time the target alone would take for the tokens emitted.
-EXPLORE_SHARE = 0.03
+# Exploration may lose at most this share of the time the target alone would take for an answer's tokens
+# (give or take the last probe).
+EXPLORE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -71,20 +72,26 @@ def method_uses(method: str, source: Source) -> bool:
 
 
 def check_method(
-    method: str, *, has_draft_model: bool | None = None, mtp_head: str | None = None, given_as: str = "method"
+    method: str,
+    *,
+    has_draft_model: bool | None = None,
+    mtp_head: str | None = None,
+    given_as: str = "method",
+    draft_fix: str = "open a pair with a draft model",
 ) -> str:
     """The one check of a method name, and (when ``has_draft_model`` / ``mtp_head`` are known) that it can run.
 
     ``mtp_head``: why the target's MTP head cannot draft ("" when it can, None when not known).
 
-    ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there.
+    ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there;
+    ``draft_fix`` says how that front end gives a draft model.
     """
     if method not in METHODS:
         raise UsageError(f"unknown {given_as} {method!r}; use one of {', '.join(METHODS)}")
     if has_draft_model is False and method in DRAFT_MODEL_METHODS:
-        raise UsageError(f"{given_as} {method} needs a draft model: pass --draft PATH or use --profile")
+        raise UsageError(f"{given_as} {method} needs a draft model: {draft_fix}")
     if mtp_head and method == "mtp":
-        raise UsageError(f"{given_as} mtp needs the target's own MTP head: {mtp_head} ('localspec check' lists a model's heads)")
+        raise UsageError(f"{given_as} mtp needs the target's own MTP head: {mtp_head}")
     return method
 
 
@@ -150,9 +157,11 @@ class Controller:
             for cls in drafters
             if cls.kind == MODEL
         }
-        self._emitted = 0  # tokens emitted by all rounds so far (the exploration budget grows with them)
-        self._explore_loss = 0.0  # expected seconds the probes lost against the target alone
-        self._explored = 0  # rounds that probed
+        self._answer_tokens = 0  # tokens of the current answer (its exploration budget grows with them)
+        self._answer_loss = 0.0  # seconds its probes lost against the target alone
+        self._explore_loss = 0.0  # the same over the session
+        self._explored = 0  # rounds that probed, over the session
+        self._probe_pending = False  # the last plan was a probe: its round's outcome prices it
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -175,9 +184,21 @@ class Controller:
         return self.speculation_off is None and source in self._kinds and method_uses(self.method, source)
 
     # -- measurements ----------------------------------------------------------------------------
+    def begin_answer(self) -> None:
+        """A new answer starts: exploration is budgeted per answer, so no answer pays for another's."""
+        self._answer_tokens, self._answer_loss = 0, 0.0
+
     def record_round(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
         """A round's outcome: ``accepted`` of ``drafted`` tokens from ``source`` (TARGET_ALONE: none)."""
-        self._emitted += accepted + 1
+        self._answer_tokens += accepted + 1
+        if self._probe_pending:
+            self._probe_pending = False
+            spent = (self.round_seconds(source, drafted) or 0.0) + self.costs.overhead
+            # A probe that paid earns nothing back: its drafter's estimate rises, so it is drafted from
+            # without exploring.
+            loss = max(0.0, spent - (accepted + 1) / self._none_rate())
+            self._answer_loss += loss
+            self._explore_loss += loss
         for estimates in self._copies.values():
             estimates.forget()
         model = self._models.get(source)
@@ -239,9 +260,9 @@ class Controller:
         if not self.has_draft_model:
             return None
         if self.method in DRAFT_MODEL_METHODS:
-            return f"in use: --method {self.method}"
+            return f"in use: method {self.method}"
         if self.method != "auto":
-            return f"not used: --method {self.method}"
+            return f"not used: method {self.method}"
         model = self._models[Source.DRAFT]
         if model.off is not None:
             return f"off for this session: {model.off}"
@@ -317,11 +338,13 @@ class Controller:
         return best
 
     def _probe(self, offers: Sequence[Offer]) -> Plan | None:
-        """A copy drafter worth trying although its estimate loses: its hopeful rate would pay and the
-        exploration budget covers the expected loss at its estimate."""
+        """A copy drafter worth trying although its estimate loses: its hopeful rate would pay and what
+        the probes lost so far, plus this one's expected loss at its estimate, stays within the budget."""
         none = self._none_rate()
         base = 1.0 / none  # seconds per token of the target alone
-        budget = EXPLORE_SHARE * self._emitted * base - self._explore_loss
+        budget = EXPLORE_SHARE * self._answer_tokens * base - self._answer_loss
+        if budget <= 0.0:
+            return None  # spent: nothing to price (most rounds of an answer nothing pays in)
         best = None
         for offer in offers:
             estimates = self._copies.get(offer.source)
@@ -333,14 +356,13 @@ class Controller:
                 continue
             expected = expected_tokens(estimates.rates(offer.match_len, hopeful.k))[-1]
             loss = hopeful.expected_tokens / hopeful.expected_rate - expected * base
-            if loss <= budget and (best is None or hopeful.expected_rate > best[0].expected_rate):
-                best = (hopeful, max(loss, 0.0))
+            if loss <= budget and (best is None or hopeful.expected_rate > best.expected_rate):
+                best = hopeful
         if best is None:
             return None
-        plan, loss = best
-        self._explore_loss += loss
+        self._probe_pending = True
         self._explored += 1
-        return Plan(plan.method, plan.k, plan.expected_tokens, plan.expected_rate, plan.offer, explored=True)
+        return Plan(best.method, best.k, best.expected_tokens, best.expected_rate, best.offer, explored=True)
 
     def plan(self, offers: Iterable[Offer], *, generated: int = 0, remaining: int | None = None) -> Plan:
         """Choose this round's plan from the drafters' ``offers`` (taken lazily: a forced offer ends them).

@@ -154,6 +154,7 @@ class SpeculativeDecoder:
         target.rollback(keep)  # a recurrent state may have to evaluate part of the prefix again
         for drafter in self.drafters:
             drafter.begin(prompt)
+        self.controller.begin_answer()
         logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress, prefill=True)[0]
         stats.prefill_tokens = len(prompt) - keep + target.replayed_tokens - replayed
         stats.prefill_s = perf_counter() - start

@@ -66,6 +66,7 @@ class HistoryStore:
         self.max_tokens = max_tokens
         # The benchmark turns it off while it repeats a request: no answers and no draft outcomes are learnt.
         self.learning = True
+        self._unsaved = False  # answers added since the file was last written
         self.index = SuffixIndex(np.zeros(0, np.int32) if path is None else _newest(read_tokens(path), max_tokens))
 
     def __len__(self) -> int:
@@ -76,6 +77,7 @@ class HistoryStore:
         if not answer or not self.learning:
             return
         self.index.add([*lead[-LEAD_TOKENS:], *answer])
+        self._unsaved = True
         if len(self.index) > self.max_tokens:
             # Down to 7/8 of the bound, so the rebuild this costs is not repeated with every answer.
             self.index = SuffixIndex(_newest(self.index.tokens, self.max_tokens * 7 // 8))
@@ -87,9 +89,11 @@ class HistoryStore:
             self.index.record(sources, accepted)
 
     def save(self) -> None:
-        """Write the history; a failed write is skipped (the history only speeds things up)."""
-        if self.path is None:
+        """Write the history if answers were added since it was last written; a failed write is skipped
+        (the history only speeds things up)."""
+        if self.path is None or not self._unsaved:
             return
+        self._unsaved = False
         body = self.index.tokens.astype("<i4").tobytes()
         try:
             self.path.parent.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def choose_kernels(*, exact: bool | None, gpu_layers: int) -> str:
 def kernels_description(kernels: str) -> str:
     """One line for doctor and the live view: which kernels verify, and what that promises."""
     if kernels == FAST:
-        return "fast: stock llama.cpp kernels, lossless up to floating-point rounding (--exact for bit-identity)"
+        return "fast: stock llama.cpp kernels, lossless up to floating-point rounding (exact ones are bit-identical)"
     if exact_kernels_built():
         return "exact: batch-invariant kernels at stock speed, verified tokens bit-identical to one-token decoding"
     return "exact: stock kernels' one-row paths only (this build lacks localspec's patch), bit-identical but slower"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ContextManager
 
 from gguf import TokenType
 
@@ -22,7 +23,6 @@ from localspec.errors import GGUFError, TemplateError
 from localspec.gguf.heads import COMPANION_REFUSAL, companion_pairing, model_heads
 from localspec.gguf.memory import architecture, speculation_note
 from localspec.gguf.templates import render_chat, template_security_findings
-from localspec.gguf.tokenizer import VocabOnlyTokenizer
 
 FIRST_DIFFERENCES_SHOWN = 5
 # Token types whose text never comes out of normal text: differing there cannot change what users see.
@@ -125,8 +125,10 @@ def check_pair(
     *,
     target_vocab_path: str | Path | None = None,
     draft_vocab_path: str | Path | None = None,
+    open_tokenizer: Callable[[str | Path], ContextManager] | None = None,
 ) -> Report:
-    """Compare two GGUF headers (from ``gguf_header``); with both vocab paths, also compare tokenization."""
+    """Compare two GGUF headers (from ``gguf_header``); with both vocab paths and ``open_tokenizer`` (a
+    context manager giving an object with ``tokenize(text)``, raising GGUFError), also compare tokenization."""
     t, d = _Side("target", target_header), _Side("draft", draft_header)
     heads = _heads_finding(t, d)
     findings = [
@@ -143,7 +145,7 @@ def check_pair(
         _memory_finding(t, d),
         *([heads] if heads.severity != "error" else []),
     ]
-    findings.append(_round_trip_finding(t, d, target_vocab_path, draft_vocab_path, findings))
+    findings.append(_round_trip_finding(t, d, target_vocab_path, draft_vocab_path, open_tokenizer, findings))
     return make_report(findings)
 
 
@@ -367,15 +369,16 @@ def _type_name(side: _Side, token_id: int) -> str:
 
 
 def _round_trip_finding(
-    t: _Side, d: _Side, target_path: str | Path | None, draft_path: str | Path | None, so_far: list[Finding]
+    t: _Side, d: _Side, target_path: str | Path | None, draft_path: str | Path | None,
+    open_tokenizer: Callable[[str | Path], ContextManager] | None, so_far: list[Finding],
 ) -> Finding:
-    if target_path is None or draft_path is None:
+    if target_path is None or draft_path is None or open_tokenizer is None:
         return Finding("round-trip", "ok", "Round-trip tokenization skipped", "headers only (no local files)")
     if any(f.severity in ("error", "security") for f in so_far):
         return Finding("round-trip", "ok", "Round-trip tokenization skipped", "already incompatible")
     texts = [*SAMPLE_TEXTS, _special_sample(t)]
     try:
-        with VocabOnlyTokenizer(target_path) as a, VocabOnlyTokenizer(draft_path) as b:
+        with open_tokenizer(target_path) as a, open_tokenizer(draft_path) as b:
             results = [(text, a.tokenize(text), b.tokenize(text)) for text in texts]
     except GGUFError as exc:
         return Finding("round-trip", "error", "llama.cpp cannot load a vocabulary", str(exc))

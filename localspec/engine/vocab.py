@@ -1,4 +1,5 @@
-"""llama.cpp's own tokenizer for a GGUF, loaded vocabulary-only: what the checker tokenizes sample texts with."""
+"""llama.cpp's own tokenizer for a GGUF, loaded vocabulary-only: what ``check`` tokenizes sample texts with
+(the session hands it to ``gguf.compat.check_pair``, so gguf/ never imports the engine)."""
 
 from __future__ import annotations
 
