@@ -20,6 +20,7 @@ from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.drafting import RoundState, Source
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import UsageError
+from tests.test_bench_stock import run_bench, stock_bin  # noqa: F401 (a fixture)
 from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
 
 PROMPT = "hello world the code print x = hello world the code"
@@ -44,8 +45,9 @@ def make_decoder(path, *, method="mtp", draft_len=None, snapshots=0, min_confide
     # The target alone as a user runs it: without the head, nor the hidden states it reads.
     target = LlamaModel(path, n_ctx=N_CTX, n_threads=1, load_mtp=method != "none", rollback_snapshots=snapshots)
     decoder = SpeculativeDecoder(target, method=method, draft_len=draft_len)
-    if method in ("mtp", "auto"):
-        decoder.drafter(Source.MTP).min_confidence = min_confidence
+    for drafter in decoder.drafters:
+        if drafter.source == Source.MTP:
+            drafter.min_confidence = min_confidence
     return decoder
 
 
@@ -258,3 +260,43 @@ def test_doctor_and_profiles_name_the_head(make_tiny_model):
     assert "its own MTP head" in row
     shown = CliRunner().invoke(app, ["profiles", "show", "qwen3.6-35b-a3b"])
     assert "draft: none, the target drafts with its own MTP head" in shown.stdout
+
+
+# --- mixture-of-experts targets ------------------------------------------------------------------------
+
+MOE = dict(n_layers=4, n_expert=8, n_expert_used=2, n_ff_expert=32, seed=3, logit_scale=8.0)
+
+
+@pytest.mark.parametrize("arch,methods", [("qwen35moe", ("lookup", "mtp", "auto")), ("qwen3moe", ("lookup", "auto"))])
+def test_greedy_output_on_moe_targets_equals_target_alone(make_tiny_model, arch, methods):
+    """Qwen3.6-35B-A3B's layout (hybrid, experts plus a shared one, an MTP block with experts too) and
+    Qwen3-Coder-30B-A3B's (attention, experts)."""
+    extra = dict(mtp=True, mtp_agrees=True, trunk_scale=0.4) if arch == "qwen35moe" else dict(head_dim=32)
+    path = make_tiny_model(f"{arch}-target", architecture=arch, **MOE, **extra)
+    prompt = LlamaModel(path, vocab_only=True).tokenize(PROMPT, add_bos=True)
+    expected = generate(make_decoder(path, method="none"), prompt)
+    for method in methods:
+        decoder = make_decoder(path, method=method, draft_len=3 if method != "auto" else None)
+        assert generate(decoder, prompt) == expected, method
+        if method == "mtp":
+            assert 0 < decoder.stats.accepted < decoder.stats.drafted
+
+
+@pytest.mark.stock
+@pytest.mark.slow
+def test_the_stock_comparison_puts_draft_mtp_beside_localspec_mtp(stock_bin, make_tiny_model, tmp_path, monkeypatch):
+    from localspec.bench import stock
+
+    monkeypatch.setattr(stock, "TRUNCATED_ATTEMPTS", 30)  # tiny runs can outpace llama.cpp's log thread
+    path = mtp_model(make_tiny_model, "partly-agreeing-head", **HEADS["partly-agreeing-head"])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"workload": "echo", "id": "words", "prompt": PROMPT}) + "\n")
+    out = tmp_path / "stock.json"
+    result = run_bench(
+        "--target", path, "--prompts", prompts, "--methods", "none", "--runs", 1, "--max-tokens", 24,
+        "--ctx", 512, "--threads", 1, "--vs-llama-cpp", stock_bin, "--json", out,
+    )
+    assert result.exit_code == 0, result.output
+    rows = {r["engine"]: r for r in json.loads(out.read_text())["rows"] if r["workload"] == "echo"}
+    assert rows["stock draft-mtp"]["drafted"] > 0 and rows["localspec mtp k=auto"]["drafted"] > 0
+    assert rows["localspec mtp k=auto"]["identical"]

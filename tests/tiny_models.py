@@ -130,6 +130,11 @@ class TinySpec:
     pre_tokenizer: str | None = None
     # Extra metadata, e.g. {"tokenizer.ggml.eot_token_id": 2}; values are written with their Python type.
     extra: dict = field(default_factory=dict)
+    # Mixture-of-experts feed-forward (qwen35moe, qwen3moe): experts per layer, experts each token uses,
+    # and one expert's width (qwen35moe adds a shared expert of that width too).
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_expert: int = 0
     # qwen35 only: a multi-token-prediction (MTP, "nextn") block after the trunk, as Qwen3.5/3.6 ship it
     # (block_count = n_layers + 1, nextn_predict_layers = 1); llama.cpp loads it with load_mtp.
     mtp: bool = False
@@ -157,13 +162,19 @@ def _types_for(tokens: list[str]) -> list[int]:
 
 
 HYBRIDS = ("qwen35", "lfm2")
-ARCHITECTURES = ("llama", *HYBRIDS, "mamba")
+# Mixture-of-experts variants, each laid out as a dense architecture with an expert feed-forward.
+MOE_LAYOUTS = {"qwen35moe": "qwen35", "qwen3moe": "llama"}
+ARCHITECTURES = ("llama", *HYBRIDS, "mamba", *MOE_LAYOUTS)
 
 Matrix = Callable[..., np.ndarray]
 
 
+def _layout(spec: TinySpec) -> str:
+    return MOE_LAYOUTS.get(spec.architecture, spec.architecture)
+
+
 def _is_attention_layer(spec: TinySpec, layer: int) -> bool:
-    if spec.architecture == "llama":
+    if _layout(spec) == "llama":
         return True
     if spec.architecture == "mamba":
         return False
@@ -185,7 +196,7 @@ def _ones(n: int) -> np.ndarray:
 def _attention(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
     d, head_dim = spec.n_embd, _head_dim(spec)
     # Qwen3.5 projects a sigmoid output gate alongside each query head.
-    q_rows = spec.n_head * head_dim * (2 if spec.architecture == "qwen35" else 1)
+    q_rows = spec.n_head * head_dim * (2 if _layout(spec) == "qwen35" else 1)
     kv_rows = _n_head_kv(spec) * head_dim
     tensors = {
         "attn_q.weight": mat(q_rows, d),
@@ -193,7 +204,7 @@ def _attention(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
         "attn_v.weight": mat(kv_rows, d),
         "attn_output.weight": mat(d, spec.n_head * head_dim),
     }
-    if spec.architecture in HYBRIDS:
+    if _layout(spec) in HYBRIDS or spec.architecture == "qwen3moe":
         tensors |= {"attn_q_norm.weight": _ones(head_dim), "attn_k_norm.weight": _ones(head_dim)}
     return tensors
 
@@ -259,13 +270,33 @@ RECURRENT_MIXERS: dict[str, Callable[[TinySpec, Matrix], dict[str, np.ndarray]]]
 
 def _feed_forward(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
     d, ff = spec.n_embd, spec.n_ff
-    norm = "post_attention_norm.weight" if spec.architecture == "qwen35" else "ffn_norm.weight"
+    norm = "post_attention_norm.weight" if _layout(spec) == "qwen35" else "ffn_norm.weight"
+    if spec.n_expert:
+        return {norm: _ones(d)} | _experts(spec, mat)
     return {
         norm: _ones(d),
         "ffn_gate.weight": mat(ff, d),
         "ffn_up.weight": mat(ff, d),
         "ffn_down.weight": mat(d, ff),
     }
+
+
+def _experts(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
+    d, ff, n = spec.n_embd, spec.n_ff_expert, spec.n_expert
+    tensors = {
+        "ffn_gate_inp.weight": mat(n, d),
+        "ffn_gate_exps.weight": np.stack([mat(ff, d) for _ in range(n)]),
+        "ffn_up_exps.weight": np.stack([mat(ff, d) for _ in range(n)]),
+        "ffn_down_exps.weight": np.stack([mat(d, ff) for _ in range(n)]),
+    }
+    if spec.architecture == "qwen35moe":
+        tensors |= {
+            "ffn_gate_inp_shexp.weight": mat(1, d)[0],
+            "ffn_gate_shexp.weight": mat(ff, d),
+            "ffn_up_shexp.weight": mat(ff, d),
+            "ffn_down_shexp.weight": mat(d, ff),
+        }
+    return tensors
 
 
 def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
@@ -288,7 +319,7 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
         if _is_attention_layer(spec, i):
             mixer = _attention(spec, mat)
         else:
-            mixer = RECURRENT_MIXERS[spec.architecture](spec, mat)
+            mixer = RECURRENT_MIXERS[_layout(spec)](spec, mat)
         # Mamba blocks are the SSM alone, without a feed-forward.
         ffn = _feed_forward(spec, mat) if spec.architecture != "mamba" else {}
         block = {"attn_norm.weight": _ones(d)} | mixer | ffn
@@ -364,17 +395,27 @@ def _mamba_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
     writer.add_ssm_time_step_rank(dt_rank)
 
 
+def _expert_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    HPARAM_WRITERS[_layout(spec)](writer, spec)
+    writer.add_expert_count(spec.n_expert)
+    writer.add_expert_used_count(spec.n_expert_used)
+    writer.add_expert_feed_forward_length(spec.n_ff_expert)
+    if spec.architecture == "qwen35moe":
+        writer.add_expert_shared_feed_forward_length(spec.n_ff_expert)
+
+
 HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, TinySpec], None]] = {
     "llama": _llama_hparams,
     "qwen35": _qwen35_hparams,
     "lfm2": _lfm2_hparams,
     "mamba": _mamba_hparams,
+    **dict.fromkeys(MOE_LAYOUTS, _expert_hparams),
 }
 
 
 def _stored(name: str, array: np.ndarray, f16: bool) -> np.ndarray:
     # As converters do: llama.cpp's kernels expect 1-D tensors and convolution kernels in float32.
-    if f16 and array.ndim == 2 and name.endswith(".weight") and "conv" not in name:
+    if f16 and array.ndim >= 2 and name.endswith(".weight") and "conv" not in name:
         return array.astype(np.float16)
     return array
 
@@ -390,8 +431,8 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     writer.add_block_count(spec.n_layers + spec.mtp)
     HPARAM_WRITERS[spec.architecture](writer, spec)
     if spec.mtp:
-        if spec.architecture != "qwen35":
-            raise ValueError("an MTP block is written for qwen35 only")
+        if _layout(spec) != "qwen35":
+            raise ValueError("an MTP block is written for qwen35 and qwen35moe only")
         writer.add_uint32(f"{spec.architecture}.nextn_predict_layers", 1)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if spec.f16 else gguf.LlamaFileType.ALL_F32)
