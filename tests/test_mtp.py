@@ -300,3 +300,27 @@ def test_the_stock_comparison_puts_draft_mtp_beside_localspec_mtp(stock_bin, mak
     rows = {r["engine"]: r for r in json.loads(out.read_text())["rows"] if r["workload"] == "echo"}
     assert rows["stock draft-mtp"]["drafted"] > 0 and rows["localspec mtp k=auto"]["drafted"] > 0
     assert rows["localspec mtp k=auto"]["identical"]
+
+
+@pytest.mark.parametrize("rollback", list(ROLLBACKS))
+def test_the_head_reads_the_hidden_state_before_its_token_through_rollbacks(make_tiny_model, rollback):
+    """A head that echoes the token the target's hidden state predicted: every first draft must be the
+    context's last token, whatever rolled back before (an off-by-one or a stale row breaks the echo)."""
+    path = mtp_model(make_tiny_model, "echoing-head", seed=3, logit_scale=8.0, trunk_scale=0.0, mtp_echoes=True)
+    decoder = make_decoder(path, draft_len=3, snapshots=ROLLBACKS[rollback])
+    drafter = decoder.drafter(Source.MTP)
+    seen = []
+    draft = drafter.draft
+
+    def observed(offer, k, state):
+        made = draft(offer, k, state)
+        seen.append((state.context[-1], made.tokens[0]))
+        return made
+
+    drafter.draft = observed
+    questions = ["the code print x", "hello world the code", "def return x = x + x"]
+    conversation = Conversation(decoder)
+    for question in questions:
+        "".join(p.text for p in conversation.ask(question, max_tokens=24))
+    assert len(seen) > 20 and all(last == first for last, first in seen)
+    assert decoder.stats.drafted > decoder.stats.accepted  # rejections happened, and rolled back

@@ -145,6 +145,10 @@ class TinySpec:
     # the bigram model's next token, so with trunk_scale 0 every greedy draft is accepted by construction,
     # and with a small trunk_scale most are (the rest roll back).
     mtp_agrees: bool = False
+    # A head that passes the target's hidden state through instead: with trunk_scale 0 that state is the
+    # one that predicted the head's input token, so the head guesses that token again (an echo that shows
+    # it was given the right hidden state).
+    mtp_echoes: bool = False
 
 
 def _types_for(tokens: list[str]) -> list[int]:
@@ -344,9 +348,10 @@ def _mtp_block(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
     d = spec.n_embd
     block = {"attn_norm.weight": _ones(d)} | _attention(spec, mat) | _feed_forward(spec, mat)
     eh_proj = mat(d, 2 * d)
-    if spec.mtp_agrees:
+    if spec.mtp_agrees or spec.mtp_echoes:
         block = _scaled(block, 0.0)
-        eh_proj = np.hstack([np.eye(d, dtype=np.float32), np.zeros((d, d), dtype=np.float32)])
+        passed = [np.eye(d, dtype=np.float32), np.zeros((d, d), dtype=np.float32)]
+        eh_proj = np.hstack(passed[::-1] if spec.mtp_echoes else passed)
     return block | {"nextn.eh_proj.weight": eh_proj, "nextn.enorm.weight": _ones(d), "nextn.hnorm.weight": _ones(d)}
 
 
