@@ -372,7 +372,9 @@ class Controller:
             if lookup is not None:
                 return Plan(Source.LOOKUP, min(lookup.available, self.lookup_max), 0.0, 0.0, lookup)
             draft = offered.get(Source.DRAFT)
-            return _target_only(Idle.NOTHING_OFFERED) if draft is None else Plan(Source.DRAFT, self.draft_len, 0.0, 0.0, draft)
+            if draft is None:
+                return _target_only(Idle.NOTHING_OFFERED)
+            return Plan(Source.DRAFT, self.draft_len, 0.0, 0.0, draft)
         if self.costs.one_token_samples() < TRUSTED_SAMPLES:
             # Every choice is priced against a one-token pass, so measure a few first (one alone may have
             # been slowed by another process, or by the first pass after a prefill).
