@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.engine.stats import GenerationStats, judged
+from localspec.engine.stats import GenerationStats, Idle, judged
 
 
 def _recorded(rounds: list[tuple[str, int, int]], tokens: int) -> GenerationStats:
@@ -32,3 +32,22 @@ def test_pooled_figures_equal_those_of_one_generation_with_every_round():
     for key in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "per_position_drafted",
                 "by_method", "drafted", "accepted", "target_passes", "generated_tokens"):
         assert pooled.to_dict()[key] == together.to_dict()[key], key
+
+
+def test_every_answer_says_what_the_controller_did_also_when_it_drafted_nothing():
+    idle = GenerationStats(generated_tokens=5)
+    idle.record_round("none", 0, 0)  # the prefill's token: no reason to give
+    for why in (Idle.MEASURING, Idle.PRICED_OUT, Idle.PRICED_OUT, Idle.NOTHING_OFFERED):
+        idle.record_round("none", 0, 0, idle=why)
+    assert idle.controller_note == f"no drafts: {Idle.PRICED_OUT}"  # the commonest reason
+    assert idle.controller_note in idle.summary_line() and idle.to_dict()["controller_note"] == idle.controller_note
+    busy = _recorded([("none", 0, 0), ("lookup", 4, 3), ("suffix", 2, 0), ("lookup", 3, 3)], tokens=10)
+    busy.record_round("lookup", 2, 2, explored=True)
+    assert busy.controller_note == "drafted in 4 of 5 rounds (lookup 3, suffix 1; 1 exploratory)"
+    pooled = GenerationStats.pooled([idle, idle])
+    assert pooled.idle == {Idle.MEASURING: 2, Idle.PRICED_OUT: 4, Idle.NOTHING_OFFERED: 2}
+
+
+def test_an_answer_too_short_to_price_anything_says_so():
+    stats = _recorded([("none", 0, 0)], tokens=1)
+    assert stats.controller_note == f"no drafts: {Idle.MEASURING}"

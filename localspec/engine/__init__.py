@@ -1,1 +1,1 @@
-"""The speculative engine: models, proposers, verification, controller and stats. No CLI or UI here."""
+"""The speculative engine: models, drafters, verification, the planner and stats. No CLI or UI here."""

@@ -389,7 +389,9 @@ class Controller:
             if lookup is not None:
                 return Plan(Source.LOOKUP, min(lookup.available, self.lookup_max), 0.0, 0.0, lookup)
             model = next((o for s, o in offered.items() if self._kinds[s] == MODEL), None)
-            return _target_only(Idle.NOTHING_OFFERED) if model is None else Plan(model.source, self.draft_len, 0.0, 0.0, model)
+            if model is None:
+                return _target_only(Idle.NOTHING_OFFERED)
+            return Plan(model.source, self.draft_len, 0.0, 0.0, model)
         if self.costs.one_token_samples() < TRUSTED_SAMPLES:
             # Every choice is priced against a one-token pass, so measure a few first (one alone may have
             # been slowed by another process, or by the first pass after a prefill).

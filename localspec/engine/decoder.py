@@ -103,10 +103,9 @@ class SpeculativeDecoder:
         this one's measured pass costs; with ``own_caches``, on a target context of its own."""
         ratio, load_s = self._draft_priors
         draft = self.draft.another() if self.draft is not None and method_uses(method, Source.DRAFT) else None
-        other = SpeculativeDecoder(
-            self.target.another_context() if own_caches else self.target, draft=draft, method=method, draft_len=draft_len,
-            draft_cost_ratio=ratio, draft_load_s=load_s, history=history,
-        )
+        target = self.target.another_context() if own_caches else self.target
+        other = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio,
+                                   draft_load_s=load_s, history=history)
         other.controller.remember(self.controller.costs.relative_costs())
         return other
 
@@ -263,7 +262,9 @@ class SpeculativeDecoder:
         """Tell the controller, the drafter and the stats how the round went."""
         drafted = len(draft.tokens)
         if drafter is not None and drafter.kind == MODEL:
-            self.controller.record_draft(drafter.source, draft.catch_up_tokens, draft.catch_up_s, draft.steps, draft.steps_s)
+            self.controller.record_draft(
+                drafter.source, draft.catch_up_tokens, draft.catch_up_s, draft.steps, draft.steps_s
+            )
         # Forced drafts say nothing about how well the other drafters guess.
         if drafter is None or drafter.kind != FORCED:
             match_len = plan.offer.match_len if plan.offer is not None else 0

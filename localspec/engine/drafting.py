@@ -11,6 +11,10 @@ these plus one line in ``drafters.py``::
         kind = COPY                 # how the planner prices it: COPY, MODEL or FORCED
         prior = {1: 0.2, 8: 0.8}    # acceptance per match length (COPY) or {1: a} (MODEL) until measured
 
+        @classmethod
+        def make(cls, inputs):      # None where it cannot run (inputs: target, draft model, history)
+            return cls()
+
         def offer(self, state):     # cheap: called every round
             tokens = self.guess(state.context, state.limit)
             return Offer(self.source, len(tokens), match_len=..., tokens=tokens) if tokens else None
