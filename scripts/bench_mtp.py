@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"measured on {models[COST_MODEL].name}, {args.threads} threads (the engine's own cost figures):")
     print(f"  pass seconds by batch size: {beliefs['pass_s']}")
     print(f"  head step {decoder.controller.step_cost('mtp'):.5f} s, "
-          f"checkpoint {beliefs['checkpoint_s']} s, restore {beliefs['restore_s']} s, overhead {beliefs['overhead_s']} s")
+          f"checkpoint {beliefs['checkpoint_s']} s, restore {beliefs['restore_s']} s, "
+          f"overhead {beliefs['overhead_s']} s")
     print(f"  acceptance there by draft length (accepted, drafted): {measured['acceptance']}")
     with_output, without_output = head_step_shares(measured)
     print(f"  head step / one-token pass: {with_output:.2f} with its output projection, {without_output:.2f} without "

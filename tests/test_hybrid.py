@@ -235,17 +235,23 @@ def test_one_token_passes_leave_no_snapshots_to_roll_back_through(make_tiny_mode
 
 
 def test_three_sequential_requests_equal_a_fresh_servers(hybrid):
-    """serve keeps the cache between requests: a continued conversation, then an unrelated one."""
-    from localspec.server.worker import GenerationWorker
     from localspec.session import ModelOptions, Pair, open_decoder
-    from tests.test_server import SYSTEM, client, serving
 
     _, target, draft, options = hybrid
+    assert_serve_answers_as_fresh_servers_would(
+        lambda: open_decoder(Pair(target, draft, "tiny"), ModelOptions(n_ctx=N_CTX, threads=1, **options))
+    )
+
+
+def assert_serve_answers_as_fresh_servers_would(open_decoder) -> None:
+    """serve keeps the cache between requests: a continued conversation, then an unrelated one."""
+    from localspec.server.worker import GenerationWorker
+    from tests.test_server import SYSTEM, client, serving
+
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the code print x"}]
 
     def worker():
-        decoder = open_decoder(Pair(target, draft, "tiny"), ModelOptions(n_ctx=N_CTX, threads=1, **options))
-        return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=2)
+        return GenerationWorker(open_decoder(), SamplingParams(temperature=0.0), max_queue=2)
 
     def answer(server, conversation):
         reply = client(server).chat.completions.create(model="tiny", messages=conversation, max_tokens=24,

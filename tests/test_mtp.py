@@ -174,31 +174,17 @@ def test_run_json_shows_the_head_as_a_method(make_tiny_model):
 
 
 def test_serve_answers_three_requests_as_a_fresh_server_would(make_tiny_model):
-    from localspec.server.worker import GenerationWorker
     from localspec.session import ModelOptions, Pair, open_decoder
-    from tests.test_server import SYSTEM, client, serving
+    from tests.test_hybrid import assert_serve_answers_as_fresh_servers_would
 
     path = mtp_model(make_tiny_model, "partly-agreeing-head", **HEADS["partly-agreeing-head"])
-    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the code print x"}]
 
-    def worker():
-        decoder = open_decoder(Pair(path, None, "tiny"), ModelOptions(n_ctx=N_CTX, threads=1), method="mtp")
-        assert decoder.drafter(Source.MTP) is not None
-        return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=2)
+    def decoder():
+        opened = open_decoder(Pair(path, None, "tiny"), ModelOptions(n_ctx=N_CTX, threads=1), method="mtp")
+        assert opened.drafter(Source.MTP) is not None
+        return opened
 
-    def answer(server, conversation):
-        reply = client(server).chat.completions.create(model="tiny", messages=conversation, max_tokens=24,
-                                                       temperature=0)
-        return reply.choices[0].message.content
-
-    with serving(worker()) as server:
-        one = answer(server, first)
-        second = first + [{"role": "assistant", "content": one}, {"role": "user", "content": "hello world"}]
-        third = [{"role": "user", "content": "def return x = x + x"}]
-        answers = [one, answer(server, second), answer(server, third)]
-    for conversation, expected in zip((first, second, third), answers):
-        with serving(worker()) as fresh:
-            assert answer(fresh, conversation) == expected
+    assert_serve_answers_as_fresh_servers_would(decoder)
 
 
 # --- where people look: check, doctor, profiles --------------------------------------------------------
@@ -241,7 +227,8 @@ def write_eagle3_head(path, *, hidden: int, layers: list[int]):
 def test_an_eagle3_companion_is_refused_up_front_with_the_pairing_rules(tmp_path, tiny_target):
     fitting = write_eagle3_head(tmp_path / "eagle3.gguf", hidden=64, layers=[0, 1, 1])
     code, report = check_json(str(tiny_target), str(fitting))
-    assert code == 1 and report["first_reason"].startswith("The draft is an EAGLE-3 head for another model: localspec cannot run it yet")
+    refusal = "The draft is an EAGLE-3 head for another model: localspec cannot run it yet"
+    assert code == 1 and report["first_reason"].startswith(refusal)
     assert "would not fit" not in report["first_reason"]
     wrong = write_eagle3_head(tmp_path / "eagle3-wrong.gguf", hidden=128, layers=[0, 1, 7])
     _, report = check_json(str(tiny_target), str(wrong))

@@ -54,7 +54,8 @@ def bench_command(
         Optional[str],
         typer.Option(
             "--methods",
-            help=f"Comma-separated methods [default: {DEFAULT_METHODS}, and mtp where the target has an MTP head]; auto{HISTORY_SUFFIX} adds an answer "
+            help=f"Comma-separated methods [default: {DEFAULT_METHODS}, and mtp where the target has an MTP head]; "
+            f"auto{HISTORY_SUFFIX} adds an answer "
             "history, learned in a cold pass over the prompts and used again in a warm one.",
         ),
     ] = None,

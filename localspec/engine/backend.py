@@ -294,13 +294,7 @@ class LlamaModel:
         """One llama_decode over ``chunk``; positions at index >= first_logit produce logits."""
         batch = self._batch.batch
         n_past = self.n_past
-        batch.n_tokens = len(chunk)
-        for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = n_past + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i >= first_logit
+        _fill_batch(batch, chunk, n_past, first_logit)
         code = self._lib.llama_decode(self._ctx.ctx, batch)
         if code == 0 and self.hidden is not None:
             self._keep_hidden(n_past, len(chunk))
@@ -338,7 +332,8 @@ class LlamaModel:
         return int(self._lib.llama_model_n_embd_out(self._model.model)) or self._model.n_embd()
 
     def _keep_hidden(self, n_past: int, n: int) -> None:
-        rows = np.ctypeslib.as_array(llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx), shape=(n, self.n_embd_out))
+        pointer = llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx)
+        rows = np.ctypeslib.as_array(pointer, shape=(n, self.n_embd_out))
         if len(self.hidden) < n_past + n:  # grows by doubling, up to the context size
             grown = np.zeros((min(self.n_ctx, max(2 * len(self.hidden), n_past + n, 64)), self.n_embd_out), np.float32)
             grown[: len(self.hidden)] = self.hidden
@@ -419,20 +414,17 @@ class MtpHead:
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
         self.tokens: list[int] = []
 
-    def eval(self, tokens: Sequence[int], hidden: np.ndarray, *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+    def eval(
+        self, tokens: Sequence[int], hidden: np.ndarray, *, logits: bool = True
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Append entries for ``tokens`` (``hidden[i]``: the target's hidden state before ``tokens[i]``);
         with ``logits``, return (the last entry's logits, the head's hidden state there)."""
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             n_past = len(self.tokens)
-            batch.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
-                batch.pos[i] = n_past + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = logits and start + i == len(tokens) - 1
+            last = len(tokens) - 1 - start  # the one entry with logits, when it is in this chunk
+            _fill_batch(batch, chunk, n_past, last if logits else len(chunk))
             self._embd[: len(chunk)] = hidden[start : start + len(chunk)]
             code = self._lib.llama_decode(self._ctx.ctx, batch)
             if code != 0:
@@ -441,9 +433,9 @@ class MtpHead:
             self.tokens.extend(chunk)
         if not logits:
             return None
-        last = len(tokens) - 1 - start
         row = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx.ctx, last), shape=(self.n_vocab,)).copy()
-        state = np.ctypeslib.as_array(llama_cpp_ext().llama_get_embeddings_nextn_ith(self._ctx.ctx, last), shape=(self.n_embd,))
+        pointer = llama_cpp_ext().llama_get_embeddings_nextn_ith(self._ctx.ctx, last)
+        state = np.ctypeslib.as_array(pointer, shape=(self.n_embd,))
         return row, state.copy()
 
     def rollback(self, n_past: int) -> None:
@@ -461,6 +453,17 @@ class MtpHead:
             self._lib.llama_batch_free(self._batch)
             self._batch = None
             self._ctx.close()
+
+
+def _fill_batch(batch, tokens: Sequence[int], n_past: int, first_logit: int) -> None:
+    """One sequence's ``tokens`` at positions from ``n_past``; those at index >= first_logit produce logits."""
+    batch.n_tokens = len(tokens)
+    for i, token in enumerate(tokens):
+        batch.token[i] = token
+        batch.pos[i] = n_past + i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = i >= first_logit
 
 
 def llama_cpp_ext():

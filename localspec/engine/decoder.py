@@ -85,7 +85,8 @@ class SpeculativeDecoder:
             speculation_off=target.memory_plan.refused,
             step_cost_ratios={d.source: d.cost_ratio for d in self.drafters if d.cost_ratio is not None},
             mtp_head="" if any(d.source == Source.MTP for d in self.drafters) else (
-                unsupported_heads(target.mtp_layers) or f"it was not loaded for method {method} (start with mtp or auto)"
+                unsupported_heads(target.mtp_layers)
+                or f"it was not loaded for method {method} (start with mtp or auto)"
             ),
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)

@@ -11,17 +11,11 @@ import numpy as np
 
 from localspec.engine.backend import LlamaModel
 from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.sampling import SamplingParams, probabilities, sample
+from localspec.engine.model_drafting import DEFAULT_MIN_CONFIDENCE, draw_draft, split_catch_up
+from localspec.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from localspec.engine.constraints import GrammarConstraint
-
-DEFAULT_MIN_CONFIDENCE = 0.5
-# A round usually starts by evaluating the one or two tokens accepted since the last; a longer catch-up
-# (after a gap, or the whole context on first use) is evaluated as a batch first, so it is timed apart
-# from the steps.
-STEADY_CATCH_UP = 2
-
 
 # Prior acceptance of a draft token until measured.
 PRIOR_DRAFT_ACCEPTANCE = 0.6
@@ -31,7 +25,7 @@ class DraftModelProposer(BaseDrafter):
     """A small model of the same tokenizer that drafts up to k tokens per round.
 
     Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
-    one or two catch-up tokens (a longer catch-up is a batch of its own, see STEADY_CATCH_UP). Drafting
+    one or two catch-up tokens (a longer catch-up is a batch of its own, see ``split_catch_up``). Drafting
     stops early when the draft's own top probability falls below ``min_confidence``: a token it is unsure
     of is rarely accepted and still costs a target row.
     The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
@@ -77,7 +71,7 @@ class DraftModelProposer(BaseDrafter):
     def catch_up(self, context: Sequence[int]) -> int:
         """How many context tokens the next ``propose`` evaluates as a batch before its steps (nearly the
         whole context before the first use)."""
-        return _split_catch_up(self._model.common_prefix(context) if self._model else 0, len(context))[1]
+        return split_catch_up(self._model.common_prefix(context) if self._model else 0, len(context))[1]
 
     def propose(
         self,
@@ -91,7 +85,7 @@ class DraftModelProposer(BaseDrafter):
         distribution (q is that one), so no draft token is one the grammar refuses."""
         model = self.model
         started = perf_counter()
-        keep, batch = _split_catch_up(model.common_prefix(context), len(context))
+        keep, batch = split_catch_up(model.common_prefix(context), len(context))
         model.rollback(keep)  # a recurrent draft restores its checkpoint and replays, counted in its steps
         max_tokens = min(max_tokens, model.n_ctx - len(context))
         catch_up_started = perf_counter()
@@ -101,39 +95,11 @@ class DraftModelProposer(BaseDrafter):
         logits = model.eval(context[keep + batch :], n_logits=1)[0]
         if max_tokens > 1:
             model.checkpoint()  # its steps are one-token passes, whose drafts no snapshot can take back
-        steps = 1
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
-        if constraint is not None and len(logits) != constraint.n_vocab:
-            constraint = None  # a draft with a padded vocabulary of another size drafts unconstrained
-        followed = 0  # draft tokens the constraint followed, taken back after drafting
-        for i in range(max_tokens):
-            if constraint is not None:
-                constraint.restrict(logits[None, :])
-            if sampling.greedy:
-                token = int(np.argmax(logits))
-                confidence = 1.0 / float(np.exp(logits - logits[token]).sum())
-            else:
-                q = probabilities(logits, sampling)
-                confidence = float(q.max())
-            if confidence < self.min_confidence:
-                break
-            if not sampling.greedy:
-                token = sample(q, rng)
-                qs.append(q)
-            tokens.append(token)
-            if constraint is not None:
-                if model.is_end_of_generation(token):
-                    break  # the grammar allowed the end: nothing follows it
-                constraint.advance([token])
-                followed += 1
-            if i + 1 < max_tokens:
-                logits = model.eval([token], n_logits=1)[0]
-                steps += 1
-        if constraint is not None:
-            constraint.step_back(followed)  # the draft only looked ahead; verification decides
-        q = None if sampling.greedy else qs
-        return Draft(tokens, q, self.source, batch, catch_up_s, steps, perf_counter() - started - catch_up_s)
+        tokens, q, steps = draw_draft(
+            logits, max_tokens, lambda token: model.eval([token], n_logits=1)[0], sampling=sampling, rng=rng,
+            constraint=constraint, min_confidence=self.min_confidence, is_end=model.is_end_of_generation,
+        )
+        return Draft(tokens, q, self.source, batch, catch_up_s, steps + 1, perf_counter() - started - catch_up_s)
 
     def sync(self, context: Sequence[int]) -> None:
         """Drop whatever the draft's KV cache holds beyond the agreed context (e.g. after an interrupt)."""
@@ -145,11 +111,3 @@ class DraftModelProposer(BaseDrafter):
             self._model.close()
             self._model = None
 
-
-def _split_catch_up(common: int, length: int) -> tuple[int, int]:
-    """(tokens of the KV cache kept, tokens to evaluate as a batch before the first step) for a context
-    of ``length`` tokens whose first ``common`` the cache holds. At least the last context token is
-    evaluated again, by the first step: its logits give the first draft token."""
-    keep = min(common, length - 1)
-    behind = length - keep
-    return keep, (behind - 1 if behind > STEADY_CATCH_UP else 0)

@@ -20,6 +20,19 @@ if TYPE_CHECKING:
     from localspec.engine.constraints import GrammarConstraint
 
 DEFAULT_MIN_CONFIDENCE = 0.5
+# A round usually starts by evaluating the one or two tokens accepted since the last; a longer catch-up
+# (after a gap, or the whole context on first use) is evaluated as a batch first, so it is timed apart
+# from the steps.
+STEADY_CATCH_UP = 2
+
+
+def split_catch_up(common: int, length: int) -> tuple[int, int]:
+    """(cache entries kept, tokens to evaluate as a batch before the first step) for a context of
+    ``length`` tokens whose first ``common`` the drafter's cache holds. At least the last context token is
+    evaluated again, by the first step: its logits give the first draft token."""
+    keep = min(common, length - 1)
+    behind = length - keep
+    return keep, (behind - 1 if behind > STEADY_CATCH_UP else 0)
 
 
 def draw_draft(

@@ -19,13 +19,11 @@ import numpy as np
 
 from localspec.engine.backend import LlamaModel, MtpHead
 from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import draw_draft
+from localspec.engine.model_drafting import draw_draft, split_catch_up
 
 # Prior acceptance of a head's draft token until measured (reported first-token rates for Qwen3.5/3.6 and
 # DeepSeek-V3 heads run 0.7-0.9; chained steps fare worse).
 PRIOR_MTP_ACCEPTANCE = 0.7
-# As for a draft model: a catch-up of more entries than this is a batch of its own, timed apart.
-STEADY_CATCH_UP = 2
 # No confidence cut by default: a round the head declined would go unmeasured (no acceptance recorded)
 # while its step was paid, so the planner would go on paying for steps that draft nothing; it picks the
 # draft length from the measured acceptance instead.
@@ -60,10 +58,7 @@ class MtpDrafter(BaseDrafter):
         return Offer(self.source, state.limit, catch_up=lambda: self._catch_up(context)[1])
 
     def _catch_up(self, context: Sequence[int]) -> tuple[int, int]:
-        """(head entries kept, entries to evaluate as a batch before the first step)."""
-        keep = min(self.head.common_prefix(context), len(context) - 1)
-        behind = len(context) - keep
-        return keep, (behind - 1 if behind > STEADY_CATCH_UP else 0)
+        return split_catch_up(self.head.common_prefix(context), len(context))
 
     def _states(self, start: int, stop: int) -> np.ndarray:
         """The target's hidden states before positions start..stop - 1 (none before the first token)."""

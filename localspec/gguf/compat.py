@@ -311,7 +311,8 @@ def _heads_finding(t: _Side, d: _Side) -> Finding:
     draft = model_heads(d.header)
     if draft.companion:
         problems = companion_pairing(t.header, d.header)
-        detail = COMPANION_REFUSAL + (f"; it would not fit this target either: {'; '.join(problems)}" if problems else "")
+        unfit = f"; it would not fit this target either: {'; '.join(problems)}" if problems else ""
+        detail = COMPANION_REFUSAL + unfit
         return Finding("heads", "error", f"The draft is {draft.companion} head for another model", detail)
     notes = [f"{side.name}: {model_heads(side.header).describe()}" for side in (t, d)]
     return Finding("heads", "ok", "Drafting heads", "; ".join(notes))
