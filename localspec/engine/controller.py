@@ -162,6 +162,7 @@ class Controller:
         self._explore_loss = 0.0  # the same over the session
         self._explored = 0  # rounds that probed, over the session
         self._probe_pending = False  # the last plan was a probe: its round's outcome prices it
+        self._probe_floor = 0.0  # the cheapest probe's expected loss when none was affordable
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -186,7 +187,7 @@ class Controller:
     # -- measurements ----------------------------------------------------------------------------
     def begin_answer(self) -> None:
         """A new answer starts: exploration is budgeted per answer, so no answer pays for another's."""
-        self._answer_tokens, self._answer_loss = 0, 0.0
+        self._answer_tokens, self._answer_loss, self._probe_floor = 0, 0.0, 0.0
 
     def record_round(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
         """A round's outcome: ``accepted`` of ``drafted`` tokens from ``source`` (TARGET_ALONE: none)."""
@@ -271,23 +272,24 @@ class Controller:
     # -- decisions -------------------------------------------------------------------------------
     def _best(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
-        best = None
+        best_k, best_rate = 0, -1.0
         totals = expected_tokens(rates)
         window = self.rollback_window
         costs = self.costs
+        overhead = costs.overhead
         restore = 0.0  # expected restore-and-replay seconds, should the draft be rolled back from a checkpoint
         for k in range(1, len(rates) + 1):
+            pass_cost = costs.pass_cost(k + 1)
             if window is not None:
                 # k - 1 drafts accepted, the k-th rejected: replay the last token and those k - 1.
                 reach = totals[k - 1] - (totals[k - 2] if k > 1 else 0.0)
                 restore += reach * (1.0 - rates[k - 1]) * ((costs.restore_s or 0.0) + costs.pass_cost(k))
-            pass_cost = costs.pass_cost(k + 1)
-            if window is not None and k > window:
-                pass_cost += (costs.checkpoint_s or 0.0) + restore
-            rate = totals[k] / (pass_cost + k * step_cost + costs.overhead)
-            if best is None or rate > best.expected_rate:
-                best = Plan(source, k, totals[k], rate, offer)
-        return best
+                if k > window:
+                    pass_cost += (costs.checkpoint_s or 0.0) + restore
+            rate = totals[k] / (pass_cost + k * step_cost + overhead)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return Plan(source, best_k, totals[best_k], best_rate, offer)
 
     def _none_rate(self) -> float:
         return 1.0 / (self.costs.one + self.costs.overhead)
@@ -343,9 +345,9 @@ class Controller:
         none = self._none_rate()
         base = 1.0 / none  # seconds per token of the target alone
         budget = EXPLORE_SHARE * self._answer_tokens * base - self._answer_loss
-        if budget <= 0.0:
-            return None  # spent: nothing to price (most rounds of an answer nothing pays in)
-        best = None
+        if budget <= self._probe_floor:
+            return None  # nothing to price until the budget grows (most rounds where nothing pays)
+        best, cheapest = None, float("inf")
         for offer in offers:
             estimates = self._copies.get(offer.source)
             if estimates is None:
@@ -356,9 +358,11 @@ class Controller:
                 continue
             expected = expected_tokens(estimates.rates(offer.match_len, hopeful.k))[-1]
             loss = hopeful.expected_tokens / hopeful.expected_rate - expected * base
+            cheapest = min(cheapest, loss)
             if loss <= budget and (best is None or hopeful.expected_rate > best.expected_rate):
                 best = hopeful
         if best is None:
+            self._probe_floor = min(cheapest, budget * 2) if cheapest < float("inf") else 0.0
             return None
         self._probe_pending = True
         self._explored += 1

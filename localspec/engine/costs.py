@@ -66,6 +66,9 @@ class Costs:
         self._relative: dict[int, float] = {}  # larger passes relative to a one-token pass
         self._sizes: list[int] = []  # the measured batch sizes, sorted
         self._unscaled: list[tuple[int, float]] = []  # passes measured before any one-token pass
+        # Pass costs relative to a one-token pass, as priced: they change only when a larger pass is
+        # measured, and planning prices up to 64 sizes every round.
+        self._priced: dict[int, float] = {}
         self.overhead = 0.0
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
@@ -88,6 +91,8 @@ class Costs:
         return len(self._pass_samples.get(1, ()))
 
     def _add_sample(self, batch_size: int, value: float) -> float:
+        if batch_size != 1:
+            self._priced.clear()
         samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
         samples.append(value)
         if batch_size not in self._relative:
@@ -133,29 +138,36 @@ class Costs:
         one = self.one
         if one is None:
             return None
-        measured = self._measured(batch_size) if batch_size in self._relative else None
+        relative = self._priced.get(batch_size)
+        if relative is None:
+            relative = self._priced[batch_size] = self._price(batch_size)
+        return one * relative
+
+    def _price(self, batch_size: int) -> float:
+        """A pass of ``batch_size`` relative to a one-token pass (every estimate scales with it)."""
+        measured = self._relative.get(batch_size)
         if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
             return measured
-        estimate = self._estimate_pass(batch_size, one)
+        estimate = self._estimate_pass(batch_size)
         # A size measured once or twice may have been slowed by another process: a guess from the other
         # sizes keeps it in use until more samples settle it.
         return estimate if measured is None else min(measured, estimate)
 
-    def _estimate_pass(self, batch_size: int, one: float) -> float:
-        sizes = self._sizes
+    def _estimate_pass(self, batch_size: int) -> float:
+        sizes, relative = self._sizes, self._relative
         i = bisect.bisect_left(sizes, batch_size)
         below = sizes[i - 1]
         if i < len(sizes) and sizes[i] == batch_size:
             i += 1
         above = sizes[i] if i < len(sizes) else None
-        low = self._measured(below)
+        low = relative[below]
         # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
-        slope = PRIOR_BATCH_SLOPE * one
+        slope = PRIOR_BATCH_SLOPE
         if below >= MIN_SLOPE_BATCH:
-            slope = (low - one) / (below - 1)
+            slope = (low - 1.0) / (below - 1)
         if above is None:
             return low + slope * (batch_size - below)
-        high = self._measured(above)
+        high = relative[above]
         reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
         estimate = min(low + slope * (min(batch_size, reach) - below), high)
         if batch_size > reach:

@@ -77,8 +77,15 @@ class MatchAcceptance:
     def rates(self, match_len: int, k_max: int, *, hopeful: bool = False) -> list[float]:
         """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
         copy in progress is expected to run on longer the further it has already run."""
-        estimates = [self.at(match_len + i) for i in range(k_max)]
-        return [e.hopeful if hopeful else e.rate for e in estimates]
+        lengths, rates = self._lengths, []
+        # Bucket by bucket: planning asks for up to 64 positions every round.
+        i = bisect.bisect_right(lengths, max(1, match_len)) - 1
+        while len(rates) < k_max:
+            estimate = self.buckets[lengths[i]]
+            upto = lengths[i + 1] - match_len if i + 1 < len(lengths) else k_max
+            rates += [estimate.hopeful if hopeful else estimate.rate] * (min(upto, k_max) - len(rates))
+            i += 1
+        return rates
 
     def record(self, match_len: int, drafted: int, accepted: int) -> None:
         """Draft position i continues a match of match_len + i tokens if the ones before it held."""
