@@ -23,6 +23,7 @@ from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
 from localspec.engine.text import STOP_STRING, stream_text
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, TemplateError, UsageError
+from localspec.prompt_cache import PromptCache, Restored
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.tool_calls import (
     GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
@@ -90,13 +91,15 @@ class GenerationWorker:
         sampling: the server's defaults, which a request's own fields override.
         max_tokens: the answer limit for requests that set none (None: until the context is full).
         max_queue: jobs that may wait behind the running one; more are refused (HTTP 429).
+        prompt_cache: states of earlier prompts to restore before a prefill (None: only the one KV cache).
     """
 
     def __init__(
         self, decoder: SpeculativeDecoder, sampling: SamplingParams, *, max_tokens: int | None = None,
-        max_queue: int = DEFAULT_MAX_QUEUE,
+        max_queue: int = DEFAULT_MAX_QUEUE, prompt_cache: PromptCache | None = None,
     ) -> None:
         self.decoder = decoder
+        self.prompt_cache = prompt_cache
         self.sampling = sampling
         self.max_tokens = max_tokens
         template = decoder.target.metadata.get(TEMPLATE_KEY)
@@ -228,6 +231,37 @@ class GenerationWorker:
                      "send a shorter prompt or restart the server with a larger --ctx",
                 code="context_length_exceeded",
             )
+        restored = self._restore(prompt)
+        try:
+            self._answer(job, prompt, restored)
+        finally:
+            self._keep()
+
+    def _restore(self, prompt: list[int]) -> Restored | None:
+        """Restore the cached states that skip the most of the prompt, the draft's too (it is then caught up
+        from its own state, not from the start)."""
+        if self.prompt_cache is None:
+            return None
+        draft = self.decoder.draft
+        if draft is not None and draft.loaded:
+            self.prompt_cache.restore(draft.model, prompt)
+        return self.prompt_cache.restore(self.decoder.target, prompt)
+
+    def _keep(self) -> None:
+        """Cache the states the models hold after a generation (also a cancelled one: its prefill so far)."""
+        if self.prompt_cache is None:
+            return
+        draft = self.decoder.draft
+        try:
+            self.prompt_cache.keep(self.decoder.target)
+            if draft is not None and draft.loaded:
+                self.prompt_cache.keep(draft.model)
+        except LocalspecError as exc:  # the answer is out already; a state not kept costs a later prefill
+            log.warning("prompt cache: %s", exc)
+
+    def _answer(self, job: Job, prompt: list[int], restored: Restored | None) -> None:
+        request, decoder = job.request, self.decoder
+        n_ctx = decoder.target.n_ctx
         # Without a limit, generate until the end of the answer or of the context window.
         max_tokens = request.max_tokens or self.max_tokens or n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
@@ -261,5 +295,7 @@ class GenerationWorker:
             emit(parser.finish())
         stats = decoder.stats
         job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
-        log.info("%s | %d prompt tokens (%d reused) | %s", request.api, stats.prompt_tokens,
-                 stats.prompt_tokens - stats.prefill_tokens, summary_line(stats))
+        cached = (f", {restored.tokens} restored from the prompt cache's {restored.source} in {restored.seconds:.2f} s"
+                  if restored else "")
+        log.info("%s | %d prompt tokens (%d reused%s) | %s", request.api, stats.prompt_tokens,
+                 stats.prompt_tokens - stats.prefill_tokens, cached, summary_line(stats))

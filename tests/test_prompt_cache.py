@@ -1,0 +1,336 @@
+"""The prompt cache across conversations (localspec/prompt_cache.py), on tiny generated models.
+
+Model-level tests restore states into real llama.cpp contexts and compare logits bit for bit with a model
+that prefilled the same tokens the way the cached request did; server tests drive a running server with
+the official openai and anthropic clients and compare answers with a server that has no cache.
+"""
+
+from __future__ import annotations
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+
+from localspec import paths
+from localspec.engine.backend import KV, LlamaModel
+from localspec.engine.sampling import SamplingParams
+from localspec.prompt_cache import SUFFIX, PromptCache, usable_prefix
+from localspec.server.worker import GenerationWorker
+from localspec.session import ModelOptions, Pair, open_decoder
+from tests.test_server import TIMEOUT_S, serving
+
+N_CTX = 512
+SYSTEM = "You answer in code. hello world the code print x = 1"
+TEXTS = ["hello world the code print x", "the code print hello world", "print x = hello the world code",
+         "world hello x print code the", "code the world hello print x ="]
+BIG = 2**30
+
+
+def load(path, *, n_ctx: int = N_CTX, **options) -> LlamaModel:
+    return LlamaModel(path, n_ctx=n_ctx, n_threads=1, **options)
+
+
+def tokens_of(model: LlamaModel, text: str) -> list[int]:
+    return model.tokenize(f"{SYSTEM}\n{text}", add_bos=True)
+
+
+def prefill(model: LlamaModel, prompt: list[int]) -> np.ndarray:
+    """The last logits of ``prompt``, reusing what the model holds, as SpeculativeDecoder.generate does."""
+    keep = min(model.common_prefix(prompt), len(prompt) - 1)
+    model.rollback(keep)
+    return model.eval(prompt[keep:], n_logits=1, prefill=True)[0]
+
+
+def memory_cache(**bounds) -> PromptCache:
+    return PromptCache(None, **{"ram_bytes": BIG, "disk_bytes": 0, **bounds})
+
+
+def disk_cache(**bounds) -> PromptCache:
+    return PromptCache(paths.prompt_cache_dir(), **{"ram_bytes": 0, "disk_bytes": BIG, **bounds})
+
+
+def state_files() -> list:
+    return sorted(paths.prompt_cache_dir().glob(f"*{SUFFIX}"))
+
+
+# -- which state counts ------------------------------------------------------------------------------
+def test_usable_prefix_leaves_the_last_token_to_evaluate_and_never_cuts_a_recurrent_state():
+    prompt = [1, 2, 3, 4, 5]
+    assert usable_prefix([1, 2, 9], prompt, exact=False) == 2  # a KV cache is cut after the common part
+    assert usable_prefix([1, 2, 3, 4, 5, 6], prompt, exact=False) == 4  # the last token gives the logits
+    assert usable_prefix([1, 2, 9], prompt, exact=True) == 0  # it would need cutting
+    assert usable_prefix([1, 2, 3], prompt, exact=True) == 3
+    assert usable_prefix([1, 2, 3, 4, 5], prompt, exact=True) == 0  # nothing left to evaluate after it
+    assert usable_prefix([], prompt, exact=True) == 0
+
+
+def test_the_longest_prefix_is_restored_and_continues_exactly_as_its_original_state(tiny_target):
+    model, cache = load(tiny_target), memory_cache()
+    first, second = tokens_of(model, TEXTS[0]), tokens_of(model, TEXTS[1])
+    prefill(model, first)
+    cache.keep(model)
+    prefill(model, second)
+    cache.keep(model)
+
+    follow_up = first + model.tokenize(" and then more", add_bos=False)
+    restored = cache.restore(model, follow_up)
+    assert restored is not None and restored.tokens == len(first) and restored.source == "memory"
+    assert model.tokens == first
+    logits = prefill(model, follow_up)
+
+    original = load(tiny_target)  # the path the first request's state took, with nothing cached
+    prefill(original, first)
+    assert np.array_equal(logits, prefill(original, follow_up))
+
+    # The state that shares the most wins, even when it holds tokens the prompt does not.
+    near_second = second[:-2] + model.tokenize("xx", add_bos=False)
+    assert cache.restore(model, near_second).tokens == len(second) - 2
+    assert model.tokens == second
+    # Nothing is restored when the model already holds the best prefix.
+    assert cache.restore(model, near_second) is None
+
+
+def test_memory_never_grows_past_its_bound_and_drops_the_least_recently_used(tiny_target):
+    model = load(tiny_target)
+    prompts = [tokens_of(model, text) for text in TEXTS]
+    prefill(model, prompts[0])
+    one = len(model.save_prompt_state())
+    cache = memory_cache(ram_bytes=int(2.5 * one))
+    for prompt in prompts[:3]:
+        prefill(model, prompt)
+        cache.keep(model)
+        assert cache.ram_used <= cache.ram_bytes
+    assert [n for n, _, _ in cache.entries(model)] == [len(prompts[1]), len(prompts[2])]
+
+    assert cache.restore(model, prompts[1] + [5]) is not None  # prompts[1] is now the most recently used
+    prefill(model, prompts[3])
+    cache.keep(model)
+    assert cache.ram_used <= cache.ram_bytes
+    held = [n for n, _, _ in cache.entries(model)]
+    assert held == [len(prompts[1]), len(prompts[3])]
+    assert cache.restore(model, prompts[2] + [5]) is None  # dropped
+
+
+def test_a_state_larger_than_both_bounds_is_not_kept(tiny_target):
+    model = load(tiny_target)
+    prefill(model, tokens_of(model, TEXTS[0]))
+    cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=100, disk_bytes=100)
+    cache.keep(model)
+    assert cache.entries(model) == [] and cache.ram_used == 0 and state_files() == []
+
+
+def test_a_kv_state_covering_a_kept_prefix_replaces_it(tiny_target):
+    model, cache = load(tiny_target), disk_cache(ram_bytes=BIG)
+    turn = tokens_of(model, TEXTS[0])
+    prefill(model, turn)
+    cache.keep(model)
+    prefill(model, turn + model.tokenize(" next turn", add_bos=False))
+    cache.keep(model)
+    assert [n for n, _, _ in cache.entries(model)] == [len(model.tokens)]
+    assert len(state_files()) == 1
+
+
+# -- disk --------------------------------------------------------------------------------------------
+def test_disk_round_trip_gives_a_new_model_the_original_state(tiny_target):
+    model = load(tiny_target)
+    prompt = tokens_of(model, TEXTS[0])
+    prefill(model, prompt)
+    disk_cache().keep(model)
+    [file] = state_files()
+    assert file.stat().st_mode & 0o777 == 0o600
+
+    restarted, cache = load(tiny_target), disk_cache(ram_bytes=BIG)
+    follow_up = prompt + restarted.tokenize(" more", add_bos=False)
+    restored = cache.restore(restarted, follow_up)
+    assert restored is not None and restored.source == "disk" and restored.tokens == len(prompt)
+    assert np.array_equal(prefill(restarted, follow_up), prefill(model, follow_up))
+    assert cache.entries(restarted)[0][1]  # now held in memory too
+
+
+def test_a_damaged_file_is_ignored_deleted_and_replaced(tiny_target):
+    model = load(tiny_target)
+    prompt = tokens_of(model, TEXTS[0])
+    prefill(model, prompt)
+    disk_cache().keep(model)
+    [file] = state_files()
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0xFF  # one flipped bit pattern deep in the state: only the checksum can tell
+    file.write_bytes(bytes(data))
+
+    fresh = load(tiny_target)
+    cache = disk_cache()
+    assert cache.restore(fresh, prompt + [5]) is None and fresh.tokens == []
+    assert not file.exists()
+    prefill(fresh, prompt)
+    cache.keep(fresh)
+    assert disk_cache().restore(load(tiny_target), prompt + [5]).source == "disk"
+
+    [file] = state_files()
+    file.write_bytes(file.read_bytes()[:-1])  # truncated: its sizes no longer add up
+    assert disk_cache().restore(load(tiny_target), prompt + [5]) is None
+    assert state_files() == []
+
+
+def test_a_foreign_file_is_never_used_and_is_replaced(tiny_target):
+    model = load(tiny_target)
+    prompt = tokens_of(model, TEXTS[0])
+    prefill(model, prompt)
+    disk_cache().keep(model)
+    [foreign] = state_files()
+
+    other = load(tiny_target, n_ctx=N_CTX // 2)  # another context layout: another identity
+    assert other.state_identity() != model.state_identity()
+    cache = disk_cache()
+    assert cache.restore(other, prompt + [5]) is None and other.tokens == []
+    prefill(other, prompt)
+    cache.keep(other)
+    [own] = [f for f in state_files() if f != foreign]
+
+    # The foreign state under this model's own file name: still never used, and overwritten by the next keep.
+    own.write_bytes(foreign.read_bytes())
+    fresh = load(tiny_target, n_ctx=N_CTX // 2)
+    cache = disk_cache()
+    assert cache.restore(fresh, prompt + [5]) is None and fresh.tokens == []
+    prefill(fresh, prompt)
+    cache.keep(fresh)
+    again = load(tiny_target, n_ctx=N_CTX // 2)
+    assert disk_cache().restore(again, prompt + [5]).source == "disk"
+    assert np.array_equal(prefill(again, prompt + [5]), prefill(fresh, prompt + [5]))
+
+
+def test_disk_never_grows_past_its_bound_and_drops_the_oldest_files_first(tiny_target):
+    model = load(tiny_target)
+    prompts = [tokens_of(model, text) for text in TEXTS]
+    foreign = load(tiny_target, n_ctx=N_CTX // 2)
+    prefill(foreign, prompts[0])
+    disk_cache().keep(foreign)  # another model's file, older than the rest
+    one = state_files()[0].stat().st_size
+    cache = disk_cache(disk_bytes=int(3.5 * one))
+    for prompt in prompts:
+        prefill(model, prompt)
+        cache.keep(model)
+        assert cache.disk_used() <= cache.disk_bytes
+    kept = disk_cache(disk_bytes=int(3.5 * one))
+    fresh = load(tiny_target)
+    assert [n for n, _, on_disk in kept.entries(fresh) if on_disk] == [len(p) for p in prompts[-3:]]
+    assert disk_cache().restore(foreign, prompts[0] + [5]) is None  # the oldest file went first
+
+
+# -- recurrent and hybrid models -------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2", "mamba"])
+def test_a_recurrent_state_is_restored_only_where_it_was_saved(make_tiny_model, arch):
+    path = make_tiny_model(f"{arch}-cache", architecture=arch, seed=3, logit_scale=8.0)
+    model = load(path)
+    assert model.memory_plan.memory != KV
+    prompt = tokens_of(model, TEXTS[0])
+    prefill(model, prompt)
+    cache = disk_cache(ram_bytes=BIG)
+    cache.keep(model)
+    shorter = prompt[:-3]
+    prefill(model, shorter)  # a state of its prefix: kept beside the longer one (it cannot be cut from it)
+    cache.keep(model)
+    assert sorted(n for n, _, _ in cache.entries(model)) == [len(shorter), len(prompt)]
+
+    fresh = load(path)
+    diverging = prompt[:-1] + model.tokenize("zz", add_bos=False)  # shares all but the last token
+    assert cache.restore(fresh, diverging).tokens == len(shorter)  # not the longer state: it would need a cut
+    assert fresh.tokens == shorter
+
+    restarted = load(path)
+    follow_up = prompt + model.tokenize(" more", add_bos=False)
+    assert disk_cache().restore(restarted, follow_up).tokens == len(prompt)
+    original = load(path)
+    prefill(original, prompt)
+    assert np.array_equal(prefill(restarted, follow_up), prefill(original, follow_up))
+
+
+# -- the server ------------------------------------------------------------------------------------------
+def open_worker(target, draft, *, cache: PromptCache | None, method: str = "auto") -> GenerationWorker:
+    decoder = open_decoder(Pair(target, draft, target.name), ModelOptions(n_ctx=1024, threads=1), method=method)
+    return GenerationWorker(decoder, SamplingParams(temperature=0.0), prompt_cache=cache)
+
+
+def chat(server, history, **options):
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=TIMEOUT_S, max_retries=0)
+    return client.chat.completions.create(model="tiny", messages=history, max_tokens=24, temperature=0, **options)
+
+
+def message(server, history, system):
+    client = anthropic.Anthropic(base_url=server.base_url.removesuffix("/v1"), api_key="unused", timeout=TIMEOUT_S,
+                                 max_retries=0)
+    return client.messages.create(model="tiny", system=system, messages=history, max_tokens=24)
+
+
+def respond(server, history, instructions):
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=TIMEOUT_S, max_retries=0)
+    return client.responses.create(model="tiny", instructions=instructions, input=history, max_output_tokens=24,
+                                   temperature=0)
+
+
+MAIN = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TEXTS[0]}]
+SIDE_SYSTEM = "Give the chat a title."
+
+
+def interleaved_session(server) -> tuple[list[str], list[int], list[int]]:
+    """A main conversation whose turns have side requests between them (a title agent on the Anthropic API,
+    a Responses client): (answers, prompt tokens, cached tokens) per request."""
+    answers, prompts, cached = [], [], []
+    first = chat(server, MAIN)
+    answers.append(first.choices[0].message.content)
+    prompts.append(first.usage.prompt_tokens)
+    cached.append(first.usage.prompt_tokens_details.cached_tokens)
+    side = message(server, [{"role": "user", "content": TEXTS[1]}], SIDE_SYSTEM)
+    answers.append(side.content[0].text)
+    prompts.append(side.usage.input_tokens + side.usage.cache_read_input_tokens)
+    cached.append(side.usage.cache_read_input_tokens)
+    history = [*MAIN, {"role": "assistant", "content": answers[0]}, {"role": "user", "content": TEXTS[2]}]
+    second = chat(server, history)
+    answers.append(second.choices[0].message.content)
+    prompts.append(second.usage.prompt_tokens)
+    cached.append(second.usage.prompt_tokens_details.cached_tokens)
+    assert cached[-1] == second.model_extra["timings"]["cache_n"]
+    other = respond(server, [{"role": "user", "content": TEXTS[3]}], SIDE_SYSTEM)
+    answers.append(other.output_text)
+    prompts.append(other.usage.input_tokens)
+    cached.append(other.usage.input_tokens_details.cached_tokens)
+    side_again = message(server, [{"role": "user", "content": TEXTS[1]}, {"role": "assistant", "content": answers[1]},
+                                  {"role": "user", "content": TEXTS[4]}], SIDE_SYSTEM)
+    answers.append(side_again.content[0].text)
+    prompts.append(side_again.usage.input_tokens + side_again.usage.cache_read_input_tokens)
+    cached.append(side_again.usage.cache_read_input_tokens)
+    return answers, prompts, cached
+
+
+@pytest.mark.parametrize("method", ["auto", "draft"])
+def test_an_interleaved_session_answers_as_without_the_cache_and_reuses_each_prefix(tiny_target, tiny_draft, method):
+    with serving(open_worker(tiny_target, tiny_draft, cache=None, method=method)) as server:
+        expected, _, uncached = interleaved_session(server)
+    cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=BIG, disk_bytes=BIG)
+    worker = open_worker(tiny_target, tiny_draft, cache=cache, method=method)
+    with serving(worker) as server:
+        answers, prompts, cached = interleaved_session(server)
+    assert answers == expected and all(answers)
+    # The side requests broke the single KV cache's reuse; the prompt cache keeps each conversation's
+    # whole earlier prompt (the next turn extends it).
+    assert uncached[2] < prompts[0] <= cached[2] and uncached[4] < prompts[1] <= cached[4]
+    assert cached[3] > uncached[3]  # the Responses request shares the side conversation's system text
+    if method == "draft":  # the draft's state was kept too, beside the target's
+        assert cache.entries(worker.decoder.draft.model)
+
+
+def test_a_restarted_server_reuses_the_states_on_disk(tiny_target, tiny_draft):
+    def cache() -> PromptCache:
+        return PromptCache(paths.prompt_cache_dir(), ram_bytes=BIG, disk_bytes=BIG)
+
+    with serving(open_worker(tiny_target, tiny_draft, cache=cache())) as server:
+        first = chat(server, MAIN)
+    history = [*MAIN, {"role": "assistant", "content": first.choices[0].message.content},
+               {"role": "user", "content": TEXTS[2]}]
+    with serving(open_worker(tiny_target, tiny_draft, cache=None)) as server:
+        expected = chat(server, history)
+    with serving(open_worker(tiny_target, tiny_draft, cache=cache())) as server:
+        again = chat(server, history)
+    assert again.choices[0].message.content == expected.choices[0].message.content
+    assert expected.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
