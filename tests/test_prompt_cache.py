@@ -334,3 +334,15 @@ def test_a_restarted_server_reuses_the_states_on_disk(tiny_target, tiny_draft):
     assert again.choices[0].message.content == expected.choices[0].message.content
     assert expected.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_a_hybrid_target_restores_the_previous_turns_prompt_between_side_requests(make_tiny_model):
+    """A recurrent state is kept at the end of each prompt too: the next turn re-renders the answer, perhaps
+    not token for token, but starts with the whole earlier prompt."""
+    target = make_tiny_model("qwen35-serve", architecture="qwen35", seed=3, logit_scale=8.0)
+    with serving(open_worker(target, None, cache=None)) as server:
+        expected, _, _ = interleaved_session(server)
+    with serving(open_worker(target, None, cache=memory_cache())) as server:
+        answers, prompts, cached = interleaved_session(server)
+    assert answers == expected and all(answers)
+    assert cached[2] >= prompts[0] and cached[4] >= prompts[1]

@@ -18,6 +18,7 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 
 from localspec.conversation import TEMPLATE_KEY, Conversation
+from localspec.engine.backend import KV
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
@@ -184,11 +185,12 @@ class GenerationWorker:
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
         try:
-            return len(self._prompt(request))
+            return len(self.prompt_tokens(request))
         except TemplateError as exc:
             raise APIError(400, str(exc)) from None
 
-    def _prompt(self, request: GenerationRequest) -> list[int]:
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The prompt the model is given for ``request`` (tokenizing reads the vocabulary only)."""
         if request.messages is None:
             return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
         if not self.has_chat_template:
@@ -223,7 +225,7 @@ class GenerationWorker:
 
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
-        prompt = self._prompt(request)
+        prompt = self.prompt_tokens(request)
         n_ctx = decoder.target.n_ctx
         if len(prompt) >= n_ctx:
             raise APIError(
@@ -235,7 +237,7 @@ class GenerationWorker:
         try:
             self._answer(job, prompt, restored)
         finally:
-            self._keep()
+            self._keep_all()
 
     def _restore(self, prompt: list[int]) -> Restored | None:
         """Restore the cached states that skip the most of the prompt, the draft's too (it is then caught up
@@ -247,16 +249,19 @@ class GenerationWorker:
             self.prompt_cache.restore(draft.model, prompt)
         return self.prompt_cache.restore(self.decoder.target, prompt)
 
-    def _keep(self) -> None:
+    def _keep_all(self) -> None:
         """Cache the states the models hold after a generation (also a cancelled one: its prefill so far)."""
+        draft = self.decoder.draft
+        self._keep(self.decoder.target)
+        if draft is not None and draft.loaded:
+            self._keep(draft.model)
+
+    def _keep(self, model) -> None:
         if self.prompt_cache is None:
             return
-        draft = self.decoder.draft
         try:
-            self.prompt_cache.keep(self.decoder.target)
-            if draft is not None and draft.loaded:
-                self.prompt_cache.keep(draft.model)
-        except LocalspecError as exc:  # the answer is out already; a state not kept costs a later prefill
+            self.prompt_cache.keep(model)
+        except LocalspecError as exc:  # a state not kept costs a later prefill, never this answer
             log.warning("prompt cache: %s", exc)
 
     def _answer(self, job: Job, prompt: list[int], restored: Restored | None) -> None:
@@ -266,13 +271,17 @@ class GenerationWorker:
         max_tokens = request.max_tokens or self.max_tokens or n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
 
-        def abandon_if_cancelled(done: int, total: int) -> None:
+        def between_chunks(done: int, total: int) -> None:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
+            if done == total and decoder.target.memory_plan.memory != KV:
+                # A recurrent state is restored only where it was saved, and the next turn re-renders this
+                # answer (perhaps not token for token): the whole prompt is the prefix it surely starts with.
+                self._keep(decoder.target)
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                 prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
+                                 prefill_progress=between_chunks, constraint=self._constraint(request))
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
 
