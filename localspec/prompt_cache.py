@@ -120,10 +120,14 @@ class PromptCache:
                 break
             started = perf_counter()
             entry = self._entries[key]
-            source = "memory" if entry.state is not None else "disk"
-            state = entry.state if entry.state is not None else self._read(key, entry)
+            source, state = "memory", entry.state
             if state is None:
-                continue  # a damaged file: dropped; try the next best
+                source, held_too = "disk", entry.size <= self.ram_bytes
+                if held_too:
+                    self._make_room(entry.size)  # before the read, so the states held never pass the bound
+                state = self._read(key, entry)
+                if state is None:
+                    continue  # a damaged file: dropped; try the next best
             try:
                 model.restore_prompt_state(entry.tokens, state)
             except LocalspecError as exc:
@@ -131,11 +135,10 @@ class PromptCache:
                 self._drop(key, entry)
                 held = 0  # the model's memory was cleared
                 continue
-            self._entries.move_to_end(key)
-            if entry.state is None:
-                self._hold(key, entry, state)
-            if entry.file is not None:
-                _touch(entry.file)
+            self._use(key)
+            if source == "disk" and held_too:
+                entry.state = state
+                self._ram_used += entry.size
             return Restored(reused, source, perf_counter() - started)
         return None
 
@@ -147,15 +150,23 @@ class PromptCache:
         identity = self._identity(model)
         key = _key(identity, tokens)
         if key in self._entries:
-            self._entries.move_to_end(key)
+            self._use(key)
             return
+        size = model.prompt_state_size()
+        in_memory = size <= self.ram_bytes
+        if not in_memory and (self.directory is None or _file_size(identity, tokens, size) > self.disk_bytes):
+            return  # larger than both bounds
+        if in_memory:
+            self._make_room(size)  # before the copy is taken, so the states held never pass the bound
         state = model.save_prompt_state()
         entry = _Entry(identity, tokens, len(state))
         self._entries[key] = entry
-        self._hold(key, entry, state)
+        if in_memory:
+            entry.state = state
+            self._ram_used += entry.size
         self._write(key, entry, state)
         if entry.state is None and entry.file is None:
-            del self._entries[key]  # larger than both bounds
+            del self._entries[key]  # the write failed
             return
         if model.memory_plan.memory == KV:
             # A KV state cuts to any of its prefixes, so a kept state of a prefix of these tokens is no
@@ -165,20 +176,21 @@ class PromptCache:
                         and tokens[: len(other.tokens)] == other.tokens):
                     self._drop(other_key, other)
 
+    def _use(self, key: str) -> None:
+        self._entries.move_to_end(key)
+        if self._entries[key].file is not None:
+            _touch(self._entries[key].file)
+
     # -- memory --------------------------------------------------------------------------------------
-    def _hold(self, key: str, entry: _Entry, state: bytearray) -> None:
-        """Hold ``state`` in memory if it fits the bound, dropping the least recently used states first."""
-        if entry.size > self.ram_bytes:
-            return
-        for other_key, other in list(self._entries.items()):
-            if self._ram_used + entry.size <= self.ram_bytes:
+    def _make_room(self, size: int) -> None:
+        """Drop the least recently used states from memory until ``size`` more bytes fit the bound."""
+        for key, entry in list(self._entries.items()):
+            if self._ram_used + size <= self.ram_bytes:
                 break
-            if other_key != key and other.state is not None:
-                self._release(other)
-                if other.file is None:
-                    del self._entries[other_key]
-        entry.state = state
-        self._ram_used += entry.size
+            if entry.state is not None:
+                self._release(entry)
+                if entry.file is None:
+                    del self._entries[key]
 
     def _release(self, entry: _Entry) -> None:
         entry.state = None
@@ -198,7 +210,7 @@ class PromptCache:
             return
         identity = entry.identity.encode()
         tokens = np.asarray(entry.tokens, dtype="<i4").tobytes()
-        size = _HEADER.size + len(identity) + len(tokens) + len(state)
+        size = _file_size(entry.identity, entry.tokens, len(state))
         if size > self.disk_bytes:
             return
         path = self.directory / f"{key}{SUFFIX}"
@@ -298,6 +310,10 @@ def usable_prefix(held: Sequence[int], prompt: Sequence[int], *, exact: bool) ->
     if exact:
         return len(held) if common == len(held) <= limit else 0
     return min(common, limit)
+
+
+def _file_size(identity: str, tokens: Sequence[int], state_size: int) -> int:
+    return _HEADER.size + len(identity.encode()) + 4 * len(tokens) + state_size
 
 
 def _key(identity: str, tokens: Sequence[int]) -> str:

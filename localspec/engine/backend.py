@@ -402,13 +402,17 @@ class LlamaModel:
             raise LocalspecError(f"llama.cpp could not save the state of {self.path.name}")
         return buffer
 
+    def prompt_state_size(self) -> int:
+        """The bytes ``save_prompt_state`` would return now."""
+        return self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, 0)
+
     def save_prompt_state(self) -> bytearray:
         """The whole memory (KV cells and any recurrent state) holding ``tokens``, for the prompt cache.
 
         Unlike a checkpoint it keeps the attention cells too, so ``restore_prompt_state`` alone brings the
         model back to this position, in this context or in another process with the same ``state_identity``.
         """
-        size = self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, 0)
+        size = self.prompt_state_size()
         state = bytearray(size)
         buffer = (ctypes.c_uint8 * size).from_buffer(state)
         if self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, buffer, size, 0, 0) != size:
