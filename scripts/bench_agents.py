@@ -48,6 +48,8 @@ GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "
 # Answer-length fields per API, for --max-tokens.
 MAX_TOKEN_FIELDS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
                     "/v1/messages": ("max_tokens",), "/v1/responses": ("max_output_tokens",)}
+PARSERS = {"/v1/chat/completions": "parse_chat_request", "/v1/completions": "parse_completion_request",
+           "/v1/messages": "parse_messages_request", "/v1/responses": "parse_responses_request"}
 PREFILL_SLACK = 64  # issue 29: a request may prefill this much more than what no earlier request shares
 RESTART_SHARE = 0.10  # ... and a restarted server's first request takes at most this share of its cold prefill
 START_TIMEOUT_S = 600
@@ -117,20 +119,32 @@ def prompt_tokens(requests: list[Request], target: Path) -> list[list[int] | Non
     from localspec.engine.backend import LlamaModel
     from localspec.engine.decoder import SpeculativeDecoder
     from localspec.engine.sampling import SamplingParams
-    from localspec.server import anthropic, responses, schema
     from localspec.server.worker import GenerationWorker
 
-    parsers = {"/v1/chat/completions": schema.parse_chat_request, "/v1/completions": schema.parse_completion_request,
-               "/v1/messages": anthropic.parse_messages_request, "/v1/responses": responses.parse_responses_request}
     worker = GenerationWorker(SpeculativeDecoder(LlamaModel(target, vocab_only=True)), SamplingParams())
     prompts = []
     for request in requests:
         try:
-            prompts.append(worker.prompt_tokens(parsers[request.path.split("?")[0]](request.body)))
+            parse = request_parser(request.path.split("?")[0])
+            prompts.append(worker.prompt_tokens(parse(request.body)))
         except Exception as exc:  # the server answers it with the same error; the table says n/a
             print(f"  (localspec cannot render a {request.path} request: {exc})", file=sys.stderr)
             prompts.append(None)
     return prompts
+
+
+def request_parser(route: str):
+    """The function the server parses a route's body with, found among the API modules its app imports
+    (so this script follows them wherever the translators live)."""
+    from types import ModuleType
+
+    from localspec.server import app
+
+    name = PARSERS[route]
+    for module in vars(app).values():
+        if isinstance(module, ModuleType) and callable(getattr(module, name, None)):
+            return getattr(module, name)
+    raise SystemExit(f"localspec.server.app uses no module with {name}; update PARSERS in {Path(__file__).name}")
 
 
 def new_tokens(prompts: list[list[int] | None]) -> list[int | None]:

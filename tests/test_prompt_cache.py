@@ -7,6 +7,12 @@ the official openai and anthropic clients and compare answers with a server that
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
 import anthropic
 import numpy as np
 import openai
@@ -346,3 +352,46 @@ def test_a_hybrid_target_restores_the_previous_turns_prompt_between_side_request
         answers, prompts, cached = interleaved_session(server)
     assert answers == expected and all(answers)
     assert cached[2] >= prompts[0] and cached[4] >= prompts[1]
+
+
+# -- scripts/bench_agents.py on a recorded-style session -------------------------------------------------------
+def load_bench():
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_agents.py"
+    spec = importlib.util.spec_from_file_location("bench_agents", path)
+    module = sys.modules["bench_agents"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_agents_replay_prefills_only_what_no_earlier_request_shares(tiny_target, tiny_draft, tmp_path):
+    bench = load_bench()
+    agent = "You are an agent. " + "hello world the code print x = 1. " * 8
+    main = [{"role": "system", "content": agent}, {"role": "user", "content": TEXTS[0]}]
+    lines = [
+        {"path": "/v1/chat/completions", "body": {"stream": True, "messages": [
+            {"role": "system", "content": SIDE_SYSTEM}, {"role": "user", "content": TEXTS[1]}]}},
+        {"path": "/v1/chat/completions", "body": {"stream": True, "messages": main}},
+        {"method": "GET", "path": "/v1/models"},  # not replayed
+        {"path": "/v1/messages?beta=true", "body": {"stream": True, "system": SIDE_SYSTEM, "max_tokens": 9,
+                                                    "messages": [{"role": "user", "content": TEXTS[2]}]}},
+        {"path": "/v1/chat/completions", "body": {"messages": [*main, {"role": "assistant", "content": "x = 1"},
+                                                               {"role": "user", "content": TEXTS[3]}]}},
+        {"path": "/v1/responses", "body": {"stream": True, "instructions": agent, "input": TEXTS[4]}},
+    ]
+    session = tmp_path / "session.jsonl"
+    session.write_text("".join(f"{json.dumps(line)}\n" for line in lines))
+    requests = bench.read_session(session)
+    assert [r.path for r in requests][2] == "/v1/messages?beta=true" and len(requests) == 5
+    prompts = bench.prompt_tokens(requests, tiny_target)
+    news = bench.new_tokens(prompts)
+    assert news[0] == len(prompts[0]) and news[3] < len(prompts[3]) - len(prompts[1]) + 10
+
+    cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=BIG, disk_bytes=BIG)
+    with serving(open_worker(tiny_target, tiny_draft, cache=cache)) as server:
+        options = argparse.Namespace(temperature=0.0, max_tokens=12)
+        answers = bench.replay(server.base_url.removesuffix("/v1"), requests, options)
+    for prompt, new, answer in zip(prompts, news, answers):
+        assert answer.status == 200 and answer.first_token_s is not None
+        assert answer.prompt_n + answer.cache_n == len(prompt)  # the script renders what the server prefills
+        assert answer.prompt_n <= new + bench.PREFILL_SLACK
+    assert answers[3].cache_n >= len(prompts[1])

@@ -156,6 +156,35 @@ class GenerationWorker:
                 type="rate_limit_error", code="queue_full",
             ) from None
 
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The prompt the model is given for ``request`` (for scripts/bench_agents.py's shared-prefix figures)."""
+        return self._prompt(request)
+
+    def _restore(self, prompt: list[int]) -> Restored | None:
+        """Restore the cached states that skip the most of the prompt, the draft's too (it then catches up
+        from there, not from the start)."""
+        if self.prompt_cache is None:
+            return None
+        draft = self.decoder.draft
+        if draft is not None and draft.loaded:
+            self.prompt_cache.restore(draft.model, prompt)
+        return self.prompt_cache.restore(self.decoder.target, prompt)
+
+    def _keep_all(self) -> None:
+        """Cache the states the models hold after a job (a cancelled one's too: its prefill so far)."""
+        draft = self.decoder.draft
+        self._keep(self.decoder.target)
+        if draft is not None and draft.loaded:
+            self._keep(draft.model)
+
+    def _keep(self, model) -> None:
+        if self.prompt_cache is None:
+            return
+        try:
+            self.prompt_cache.keep(model)
+        except LocalspecError as exc:  # a state not kept costs a later prefill, never an answer
+            log.warning("prompt cache: %s", exc)
+
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             if self._closing:  # taken off the queue just as shut_down emptied it
@@ -180,17 +209,17 @@ class GenerationWorker:
                 job.emit(Failed(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
                                          type="server_error")))
             finally:
+                self._keep_all()  # after the answer is out
                 self._current = None
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
         try:
-            return len(self.prompt_tokens(request))
+            return len(self._prompt(request))
         except TemplateError as exc:
             raise APIError(400, str(exc)) from None
 
-    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The prompt the model is given for ``request`` (tokenizing reads the vocabulary only)."""
+    def _prompt(self, request: GenerationRequest) -> list[int]:
         if request.messages is None:
             return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
         if not self.has_chat_template:
@@ -225,7 +254,7 @@ class GenerationWorker:
 
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
-        prompt = self.prompt_tokens(request)
+        prompt = self._prompt(request)
         n_ctx = decoder.target.n_ctx
         if len(prompt) >= n_ctx:
             raise APIError(
@@ -234,44 +263,11 @@ class GenerationWorker:
                 code="context_length_exceeded",
             )
         restored = self._restore(prompt)
-        try:
-            self._answer(job, prompt, restored)
-        finally:
-            self._keep_all()
-
-    def _restore(self, prompt: list[int]) -> Restored | None:
-        """Restore the cached states that skip the most of the prompt, the draft's too (it is then caught up
-        from its own state, not from the start)."""
-        if self.prompt_cache is None:
-            return None
-        draft = self.decoder.draft
-        if draft is not None and draft.loaded:
-            self.prompt_cache.restore(draft.model, prompt)
-        return self.prompt_cache.restore(self.decoder.target, prompt)
-
-    def _keep_all(self) -> None:
-        """Cache the states the models hold after a generation (also a cancelled one: its prefill so far)."""
-        draft = self.decoder.draft
-        self._keep(self.decoder.target)
-        if draft is not None and draft.loaded:
-            self._keep(draft.model)
-
-    def _keep(self, model) -> None:
-        if self.prompt_cache is None:
-            return
-        try:
-            self.prompt_cache.keep(model)
-        except LocalspecError as exc:  # a state not kept costs a later prefill, never this answer
-            log.warning("prompt cache: %s", exc)
-
-    def _answer(self, job: Job, prompt: list[int], restored: Restored | None) -> None:
-        request, decoder = job.request, self.decoder
-        n_ctx = decoder.target.n_ctx
         # Without a limit, generate until the end of the answer or of the context window.
         max_tokens = request.max_tokens or self.max_tokens or n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
 
-        def between_chunks(done: int, total: int) -> None:
+        def abandon_if_cancelled(done: int, total: int) -> None:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
@@ -281,7 +277,7 @@ class GenerationWorker:
                 self._keep(decoder.target)
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                 prefill_progress=between_chunks, constraint=self._constraint(request))
+                                 prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
 
