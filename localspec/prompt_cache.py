@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import struct
+import time
 import weakref
 import zlib
 from collections import OrderedDict
@@ -50,6 +51,7 @@ _MAGIC = b"LSSTATE1"
 _HEADER = struct.Struct("<8sIIQI")
 _PRIVATE_DIR = 0o700
 _READ_CHUNK = 64 * MIB
+_STALE_PART_S = 3600  # a temporary file this old is no write in progress
 
 log = logging.getLogger("localspec.prompt_cache")
 
@@ -248,12 +250,16 @@ class PromptCache:
         except OSError:
             return []
         for item in listing:
+            try:
+                if not item.is_file(follow_symlinks=False):
+                    continue  # a symlink is never followed out of the directory
+                stat = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
             if item.name.endswith(SUFFIX) and not item.name.startswith("."):
-                try:
-                    stat = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
                 found.append((item.name, stat.st_size, stat.st_mtime_ns))
+            elif item.name.endswith(".part") and time.time() - stat.st_mtime > _STALE_PART_S:
+                Path(item.path).unlink(missing_ok=True)  # a write a killed process left behind
         return found
 
     def _forget_file(self, path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -221,6 +222,25 @@ def test_disk_never_grows_past_its_bound_and_drops_the_oldest_files_first(tiny_t
     fresh = load(tiny_target)
     assert [n for n, _, on_disk in kept.entries(fresh) if on_disk] == [len(p) for p in prompts[-3:]]
     assert disk_cache().restore(foreign, prompts[0] + [5]) is None  # the oldest file went first
+
+
+def test_symlinks_are_never_followed_and_stale_temporary_files_go(tiny_target, tmp_path):
+    model = load(tiny_target)
+    prefill(model, tokens_of(model, TEXTS[0]))
+    disk_cache().keep(model)
+    [file] = state_files()
+    outside = tmp_path / "outside.state"
+    outside.write_bytes(file.read_bytes())
+    directory = paths.prompt_cache_dir()
+    (directory / f"{'0' * 40}{SUFFIX}").symlink_to(outside)
+    stale = directory / f".{file.name}.abc.part"
+    stale.write_bytes(b"half a state")
+    os.utime(stale, (0, 0))
+    fresh = disk_cache(disk_bytes=int(1.5 * file.stat().st_size))  # room for one file only
+    prefill(model, tokens_of(model, TEXTS[1]))
+    fresh.keep(model)
+    assert outside.exists() and not stale.exists()
+    assert fresh.disk_used() <= fresh.disk_bytes and not file.exists()
 
 
 # -- recurrent and hybrid models -------------------------------------------------------------------

@@ -48,17 +48,18 @@ def serve_command(
             f"--host {host} lets other machines connect; also pass --api-key KEY (or set {API_KEY_ENV})"
         )
     pair, decoder, sampling = generation.open()
-    cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=cache_ram * MIB, disk_bytes=cache_disk * MIB)
-    worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue,
-                              prompt_cache=cache if cache_ram or cache_disk else None)
+    cache = None
+    if cache_ram or cache_disk:
+        cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=cache_ram * MIB, disk_bytes=cache_disk * MIB)
+        kept = len(cache.entries(decoder.target))  # reads the files' headers now, before the worker runs
+    worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue, prompt_cache=cache)
     app = make_app(worker, model_name=pair.label, api_key=api_key, cors_origin=cors)
 
     def ready(base_url: str) -> None:
         out.print(f"localspec serve: {pair.label} at {base_url}", highlight=False)
         auth = "requests need the API key (Authorization: Bearer)" if api_key else "no API key"
         err.print(f"model id {pair.label!r}, method {decoder.controller.method}, {auth}; Ctrl-C stops", highlight=False)
-        if worker.prompt_cache is not None:
-            kept = len(worker.prompt_cache.entries(decoder.target))
+        if cache is not None:
             err.print(f"prompt cache: {cache_ram} MiB of memory, {cache_disk} MiB of disk at {paths.prompt_cache_dir()} "
                       f"({kept} states of this model kept)", highlight=False)
 
