@@ -393,7 +393,6 @@ def record_command(args) -> None:
     """A proxy that appends each request (path and JSON body) to --out and streams the upstream's answer back."""
     import uvicorn
     from starlette.applications import Starlette
-    from starlette.background import BackgroundTask
     from starlette.requests import Request as HTTPRequest
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
@@ -416,9 +415,16 @@ def record_command(args) -> None:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
         sent = upstream.build_request(request.method, path, content=raw, headers=headers)
         answer = await upstream.send(sent, stream=True)
-        return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
-                                 headers={k: v for k, v in answer.headers.items() if k.lower() not in hop},
-                                 background=BackgroundTask(answer.aclose))
+
+        async def relay():
+            try:
+                async for chunk in answer.aiter_raw():
+                    yield chunk
+            finally:  # also when the agent goes away: the server then cancels the request too
+                await answer.aclose()
+
+        return StreamingResponse(relay(), status_code=answer.status_code,
+                                 headers={k: v for k, v in answer.headers.items() if k.lower() not in hop})
 
     app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
     print(f"recording to {args.out}: point the agent at http://127.0.0.1:{args.port}", file=sys.stderr)
