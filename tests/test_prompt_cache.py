@@ -11,7 +11,10 @@ import argparse
 import importlib.util
 import json
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anthropic
@@ -415,3 +418,34 @@ def test_bench_agents_replay_prefills_only_what_no_earlier_request_shares(tiny_t
         assert answer.prompt_n + answer.cache_n == len(prompt)  # the script renders what the server prefills
         assert answer.prompt_n <= new + bench.PREFILL_SLACK
     assert answers[3].cache_n >= len(prompts[1])
+
+
+def test_bench_agents_record_passes_answers_through_and_writes_each_request(tiny_target, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "recorded.jsonl"
+    with serving(open_worker(tiny_target, None, cache=None)) as server:
+        script = Path(__file__).resolve().parent.parent / "scripts" / "bench_agents.py"
+        proxy = subprocess.Popen([sys.executable, str(script), "record", "--upstream",
+                                  server.base_url.removesuffix("/v1"), "--port", str(port), "--out", str(out)],
+                                 stderr=subprocess.PIPE)
+        try:
+            recorder = f"http://127.0.0.1:{port}/v1"
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:
+                try:
+                    streamed = openai.OpenAI(base_url=recorder, api_key="unused", max_retries=0).chat.completions.create(
+                        model="tiny", messages=MAIN, max_tokens=24, temperature=0, stream=True)
+                    break
+                except openai.APIConnectionError:
+                    assert time.monotonic() < deadline and proxy.poll() is None, "the recorder did not start"
+                    time.sleep(0.1)
+            text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+            direct = chat(server, MAIN)
+        finally:
+            proxy.terminate()
+            proxy.wait(TIMEOUT_S)
+    assert text == direct.choices[0].message.content
+    [line] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["path"] == "/v1/chat/completions" and line["body"]["messages"] == MAIN and line["body"]["stream"]
