@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import anthropic
@@ -301,45 +302,65 @@ MAIN = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TEXTS
 SIDE_SYSTEM = "Give the chat a title."
 
 
-def interleaved_session(server) -> tuple[list[str], list[int], list[int]]:
+def interleaved_session(server_for) -> tuple[list[str], list[int], list[int]]:
     """A main conversation whose turns have side requests between them (a title agent on the Anthropic API,
-    a Responses client): (answers, prompt tokens, cached tokens) per request."""
+    a Responses client): (answers, prompt tokens, cached tokens) per request. ``server_for()`` gives the
+    server each request goes to (a context manager)."""
     answers, prompts, cached = [], [], []
-    first = chat(server, MAIN)
+    with server_for() as server:
+        first = chat(server, MAIN)
     answers.append(first.choices[0].message.content)
     prompts.append(first.usage.prompt_tokens)
     cached.append(first.usage.prompt_tokens_details.cached_tokens)
-    side = message(server, [{"role": "user", "content": TEXTS[1]}], SIDE_SYSTEM)
+    with server_for() as server:
+        side = message(server, [{"role": "user", "content": TEXTS[1]}], SIDE_SYSTEM)
     answers.append(side.content[0].text)
     prompts.append(side.usage.input_tokens + side.usage.cache_read_input_tokens)
     cached.append(side.usage.cache_read_input_tokens)
     history = [*MAIN, {"role": "assistant", "content": answers[0]}, {"role": "user", "content": TEXTS[2]}]
-    second = chat(server, history)
+    with server_for() as server:
+        second = chat(server, history)
     answers.append(second.choices[0].message.content)
     prompts.append(second.usage.prompt_tokens)
     cached.append(second.usage.prompt_tokens_details.cached_tokens)
     assert cached[-1] == second.model_extra["timings"]["cache_n"]
-    other = respond(server, [{"role": "user", "content": TEXTS[3]}], SIDE_SYSTEM)
+    with server_for() as server:
+        other = respond(server, [{"role": "user", "content": TEXTS[3]}], SIDE_SYSTEM)
     answers.append(other.output_text)
     prompts.append(other.usage.input_tokens)
     cached.append(other.usage.input_tokens_details.cached_tokens)
-    side_again = message(server, [{"role": "user", "content": TEXTS[1]}, {"role": "assistant", "content": answers[1]},
-                                  {"role": "user", "content": TEXTS[4]}], SIDE_SYSTEM)
+    with server_for() as server:
+        side_again = message(server, [{"role": "user", "content": TEXTS[1]},
+                                      {"role": "assistant", "content": answers[1]},
+                                      {"role": "user", "content": TEXTS[4]}], SIDE_SYSTEM)
     answers.append(side_again.content[0].text)
     prompts.append(side_again.usage.input_tokens + side_again.usage.cache_read_input_tokens)
     cached.append(side_again.usage.cache_read_input_tokens)
     return answers, prompts, cached
 
 
+def one_server(worker: GenerationWorker):
+    """``server_for`` for interleaved_session: every request to one running server."""
+    stack = ExitStack()
+    server = stack.enter_context(serving(worker))
+    return stack, lambda: nullcontext(server)
+
+
 @pytest.mark.parametrize("method", ["auto", "draft"])
-def test_an_interleaved_session_answers_as_without_the_cache_and_reuses_each_prefix(tiny_target, tiny_draft, method):
-    with serving(open_worker(tiny_target, tiny_draft, cache=None, method=method)) as server:
-        expected, _, uncached = interleaved_session(server)
+def test_an_interleaved_session_answers_as_cold_servers_do_and_reuses_each_prefix(tiny_target, tiny_draft, method):
+    # Each request on a server of its own: nothing reused at all.
+    expected, _, cold = interleaved_session(
+        lambda: serving(open_worker(tiny_target, tiny_draft, cache=None, method=method)))
+    assert not any(cold)
+    stack, server_for = one_server(open_worker(tiny_target, tiny_draft, cache=None, method=method))
+    with stack:
+        single, _, uncached = interleaved_session(server_for)
     cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=BIG, disk_bytes=BIG)
     worker = open_worker(tiny_target, tiny_draft, cache=cache, method=method)
-    with serving(worker) as server:
-        answers, prompts, cached = interleaved_session(server)
-    assert answers == expected and all(answers)
+    stack, server_for = one_server(worker)
+    with stack:
+        answers, prompts, cached = interleaved_session(server_for)
+    assert answers == single == expected and all(answers)
     # The side requests broke the single KV cache's reuse; the prompt cache keeps each conversation's
     # whole earlier prompt (the next turn extends it).
     assert uncached[2] < prompts[0] <= cached[2] and uncached[4] < prompts[1] <= cached[4]
@@ -369,10 +390,10 @@ def test_a_hybrid_target_restores_the_previous_turns_prompt_between_side_request
     """A recurrent state is kept at the end of each prompt too: the next turn re-renders the answer, perhaps
     not token for token, but starts with the whole earlier prompt."""
     target = make_tiny_model("qwen35-serve", architecture="qwen35", seed=3, logit_scale=8.0)
-    with serving(open_worker(target, None, cache=None)) as server:
-        expected, _, _ = interleaved_session(server)
-    with serving(open_worker(target, None, cache=memory_cache())) as server:
-        answers, prompts, cached = interleaved_session(server)
+    expected, _, _ = interleaved_session(lambda: serving(open_worker(target, None, cache=None)))
+    stack, server_for = one_server(open_worker(target, None, cache=memory_cache()))
+    with stack:
+        answers, prompts, cached = interleaved_session(server_for)
     assert answers == expected and all(answers)
     assert cached[2] >= prompts[0] and cached[4] >= prompts[1]
 
