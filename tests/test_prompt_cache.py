@@ -2,7 +2,8 @@
 
 Model-level tests restore states into real llama.cpp contexts and compare logits bit for bit with a model
 that prefilled the same tokens the way the cached request did; server tests drive a running server with
-the official openai and anthropic clients and compare answers with a server that has no cache.
+the official openai and anthropic clients and compare answers with cold servers (one request each) and
+a server without the cache; the benchmark script's replay and recorder are tested here too.
 """
 
 from __future__ import annotations
