@@ -471,3 +471,44 @@ def test_bench_agents_record_passes_answers_through_and_writes_each_request(tiny
     assert text == direct.choices[0].message.content
     [line] = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["path"] == "/v1/chat/completions" and line["body"]["messages"] == MAIN and line["body"]["stream"]
+
+
+# -- the real pair ------------------------------------------------------------------------------------------
+@pytest.mark.real
+def test_real_pair_restored_states_continue_exactly_as_the_kept_kv_cache_would(qwen_pair):
+    """On the real pair a cached prefix can differ by rounding from a cold prefill of the whole prompt, so the
+    reference is a server without the cache that never had a side request between the turns: a restored
+    state is that server's state, so every answer is the same, bit for bit, also after a restart."""
+    target, draft = qwen_pair
+
+    def real_worker(cache: PromptCache | None) -> GenerationWorker:
+        decoder = open_decoder(Pair(target, draft, target.name), ModelOptions(n_ctx=2048), method="auto")
+        return GenerationWorker(decoder, SamplingParams(temperature=0.0), prompt_cache=cache)
+
+    def ask(server, history, max_tokens=24):
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=1200, max_retries=0)
+        return client.chat.completions.create(model="m", messages=history, max_tokens=max_tokens, temperature=0)
+
+    main = [{"role": "system", "content": "You are a careful Python reviewer. Answer briefly, in plain text."},
+            {"role": "user", "content": "What does `sorted(set(xs))` return for xs = [3, 1, 3, 2]?"}]
+
+    def turn(first: str, question: str) -> list[dict]:
+        return [*main, {"role": "assistant", "content": first}, {"role": "user", "content": question}]
+
+    disk = lambda: PromptCache(paths.prompt_cache_dir(), ram_bytes=BIG, disk_bytes=BIG)  # noqa: E731
+    with serving(real_worker(disk())) as server:
+        first = ask(server, main)
+        side = ask(server, [{"role": "user", "content": "Give this chat a three-word title."}], max_tokens=8)
+        second = ask(server, turn(first.choices[0].message.content, "And for xs = []?"))
+    with serving(real_worker(None)) as server:
+        expected_first = ask(server, main)
+        expected_second = ask(server, turn(expected_first.choices[0].message.content, "And for xs = []?"))
+        expected_third = ask(server, turn(expected_first.choices[0].message.content, "Is it a list?"))
+    with serving(real_worker(disk())) as server:  # a restarted server: the states come from disk
+        third = ask(server, turn(first.choices[0].message.content, "Is it a list?"))
+    assert first.choices[0].message.content == expected_first.choices[0].message.content
+    assert second.choices[0].message.content == expected_second.choices[0].message.content
+    assert third.choices[0].message.content == expected_third.choices[0].message.content
+    assert side.usage.prompt_tokens_details.cached_tokens < 10
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert third.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
