@@ -267,7 +267,7 @@ class GenerationWorker:
         max_tokens = request.max_tokens or self.max_tokens or n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
 
-        def between_prefill_chunks(done: int, total: int) -> None:
+        def abandon_if_cancelled(done: int, total: int) -> None:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
@@ -277,7 +277,7 @@ class GenerationWorker:
                 self._keep(decoder.target)
 
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                 prefill_progress=between_prefill_chunks, constraint=self._constraint(request))
+                                 prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
 
