@@ -47,6 +47,11 @@ def history_file(tokenizer: str) -> Path:
     return history_dir() / f"{check_component(tokenizer, 'tokenizer identity')}.bin"
 
 
+def prompt_cache_dir() -> Path:
+    """Saved model states of recent prompts, so a restarted server reuses an agent's prompt (bounded)."""
+    return home() / "prompt-cache"
+
+
 def check_component(name: str, what: str) -> str:
     """Return ``name`` if it is a safe single path component, else raise UnsafePathError."""
     if not _SAFE_COMPONENT.fullmatch(name):  # the whole name: a "$" anchor would let a trailing newline through

@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from localspec import paths
 from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.errors import UsageError
+from localspec.prompt_cache import DEFAULT_DISK_MIB, DEFAULT_RAM_MIB, MIB, PromptCache
 from localspec.server.app import LocalServer, make_app
 from localspec.server.worker import DEFAULT_MAX_QUEUE, GenerationWorker
 
@@ -31,6 +33,12 @@ def serve_command(
     max_tokens: Annotated[Optional[int], typer.Option(
         "--max-tokens", "-n", min=1, help="Default answer limit when a request sets none [default: until the context is full].",
     )] = None,
+    cache_ram: Annotated[int, typer.Option(
+        "--cache-ram", min=0, help="MiB of memory for the states of earlier prompts, reused by later ones (0: off).",
+    )] = DEFAULT_RAM_MIB,
+    cache_disk: Annotated[int, typer.Option(
+        "--cache-disk", min=0, help="MiB of disk under LOCALSPEC_HOME for those states, so a restart reuses them (0: off).",
+    )] = DEFAULT_DISK_MIB,
     *,
     generation: o.GenerationOptions,
 ) -> None:
@@ -40,13 +48,20 @@ def serve_command(
             f"--host {host} lets other machines connect; also pass --api-key KEY (or set {API_KEY_ENV})"
         )
     pair, decoder, sampling = generation.open()
-    worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue)
+    cache = None
+    if cache_ram or cache_disk:
+        cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=cache_ram * MIB, disk_bytes=cache_disk * MIB)
+        kept = len(cache.entries(decoder.target))  # reads the files' headers now, before the worker runs
+    worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue, prompt_cache=cache)
     app = make_app(worker, model_name=pair.label, api_key=api_key, cors_origin=cors)
 
     def ready(base_url: str) -> None:
         out.print(f"localspec serve: {pair.label} at {base_url}", highlight=False)
         auth = "requests need the API key (Authorization: Bearer)" if api_key else "no API key"
         err.print(f"model id {pair.label!r}, method {decoder.controller.method}, {auth}; Ctrl-C stops", highlight=False)
+        if cache is not None:
+            err.print(f"prompt cache: {cache_ram} MiB of memory, {cache_disk} MiB of disk at {paths.prompt_cache_dir()} "
+                      f"({kept} states of this model kept)", highlight=False)
 
     server = LocalServer(app, worker, host=host, port=port, on_ready=ready)
     try:

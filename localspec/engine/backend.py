@@ -227,6 +227,54 @@ class LlamaModel:
             raise LocalspecError(f"llama.cpp could not save the state of {self.path.name}")
         return buffer
 
+    def prompt_state_size(self) -> int:
+        """The bytes ``save_prompt_state`` would return now."""
+        return self._lib.llama_state_seq_get_size_ext(self._ctx.ctx, 0, 0)
+
+    def save_prompt_state(self) -> bytearray:
+        """The whole memory (KV cells and any recurrent state) holding ``tokens``, for the prompt cache.
+
+        Unlike a checkpoint it keeps the attention cells too, so ``restore_prompt_state`` alone brings the
+        model back to this position, in this context or in another process with the same ``state_identity``.
+        """
+        size = self.prompt_state_size()
+        state = bytearray(size)
+        buffer = (ctypes.c_uint8 * size).from_buffer(state)
+        if self._lib.llama_state_seq_get_data_ext(self._ctx.ctx, buffer, size, 0, 0) != size:
+            raise LocalspecError(f"llama.cpp could not save the state of {self.path.name}")
+        return state
+
+    def restore_prompt_state(self, tokens: Sequence[int], state: bytearray) -> None:
+        """Make the memory hold ``tokens`` from what ``save_prompt_state`` gave when it held exactly them."""
+        self._removable = 0
+        self._checkpoint = None  # saved on top of the memory being replaced
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        if self._lib.llama_state_seq_set_data_ext(self._ctx.ctx, buffer, len(state), 0, 0) != len(state):
+            # A failed read may have restored part of it: start over rather than trust either state.
+            self._lib.llama_memory_clear(self._ctx.memory, True)
+            self.tokens.clear()
+            raise LocalspecError(f"llama.cpp could not restore a saved state of {self.path.name}")
+        self.tokens = list(tokens)
+
+    def state_identity(self) -> str:
+        """What a saved state depends on: the weights, the context's layout, the kernels that computed it,
+        the build that wrote it. A state saved under another identity is never restored."""
+        stat = self.path.stat()
+        cpu_lib = _loaded_cpu_library()
+        built = cpu_lib.stat() if cpu_lib is not None else None
+        params = self._context_params
+        return " | ".join(
+            (
+                f"{self.path.name} {stat.st_size} {stat.st_mtime_ns}",
+                f"n_ctx {self.n_ctx} n_batch {self.n_batch} flash attention {params.flash_attn_type}",
+                f"memory {self.memory_plan.memory} {self.memory_plan.snapshots}",
+                f"threads {self.n_threads} gpu layers {self.n_gpu_layers} kernels {self.kernels}",
+                f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
+                f"{cpu_lib.name} {built.st_size} {built.st_mtime_ns}" if built else "no cpu backend",
+                cpu_model(),
+            )
+        )
+
     def can_remove(self, n: int) -> bool:
         """Whether the next pass's last ``n`` positions can be rolled back in place (no checkpoint needed)."""
         window = self.memory_plan.rollback_window

@@ -18,10 +18,12 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 
 from localspec.conversation import TEMPLATE_KEY, Conversation
+from localspec.engine.backend import KV, LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
+from localspec.prompt_cache import PromptCache, Restored
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.tool_calls import (
     GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
@@ -88,13 +90,15 @@ class GenerationWorker:
         sampling: the server's defaults, which a request's own fields override.
         max_tokens: the answer limit for requests that set none (None: until the context is full).
         max_queue: jobs that may wait behind the running one; more are refused (HTTP 429).
+        prompt_cache: states of earlier prompts to restore before a prefill (None: only the one KV cache).
     """
 
     def __init__(
         self, decoder: SpeculativeDecoder, sampling: SamplingParams, *, max_tokens: int | None = None,
-        max_queue: int = DEFAULT_MAX_QUEUE,
+        max_queue: int = DEFAULT_MAX_QUEUE, prompt_cache: PromptCache | None = None,
     ) -> None:
         self.decoder = decoder
+        self.prompt_cache = prompt_cache
         self.sampling = sampling
         self.max_tokens = max_tokens
         template = decoder.target.metadata.get(TEMPLATE_KEY)
@@ -150,6 +154,35 @@ class GenerationWorker:
                 type="rate_limit_error", code="queue_full",
             ) from None
 
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The prompt the model is given for ``request`` (for scripts/bench_agents.py's shared-prefix figures)."""
+        return self._prompt(request)
+
+    def _restore(self, prompt: list[int]) -> Restored | None:
+        """Restore the cached states that skip the most of the prompt, the draft's too (it then catches up
+        from there, not from the start)."""
+        if self.prompt_cache is None:
+            return None
+        draft = self.decoder.draft
+        if draft is not None and draft.loaded:
+            self.prompt_cache.restore(draft.model, prompt)
+        return self.prompt_cache.restore(self.decoder.target, prompt)
+
+    def _keep_all(self) -> None:
+        """Cache the states the models hold after a job (a cancelled one's too: its prefill so far)."""
+        draft = self.decoder.draft
+        self._keep(self.decoder.target)
+        if draft is not None and draft.loaded:
+            self._keep(draft.model)
+
+    def _keep(self, model: LlamaModel) -> None:
+        if self.prompt_cache is None:
+            return
+        try:
+            self.prompt_cache.keep(model)
+        except LocalspecError as exc:  # a state not kept costs a later prefill, never an answer
+            log.warning("prompt cache: %s", exc)
+
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             if self._closing:  # taken off the queue just as shut_down emptied it
@@ -179,6 +212,7 @@ class GenerationWorker:
                 job.emit(Failed(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
                                          type="server_error")))
             finally:
+                self._keep_all()  # after the answer is out
                 self._current = None
 
     def count_tokens(self, request: GenerationRequest) -> int:
@@ -224,6 +258,7 @@ class GenerationWorker:
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
         prompt = self._prompt(request)
+        restored = self._restore(prompt)
         # Without a limit, generate until the end of the answer or of the context window.
         max_tokens = request.max_tokens or self.max_tokens or decoder.target.n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
@@ -232,6 +267,10 @@ class GenerationWorker:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
+            if done == total and decoder.target.memory_plan.memory != KV:
+                # A recurrent state is restored only where it was saved, and the next turn re-renders this
+                # answer (perhaps not token for token): the whole prompt is the prefix it surely starts with.
+                self._keep(decoder.target)
 
         text = decoder.stream(prompt, stop=request.stop, max_tokens=max_tokens, sampling=sampling,
                               prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
@@ -255,5 +294,7 @@ class GenerationWorker:
             emit(parser.finish())
         stats = decoder.stats
         job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
-        log.info("%s | %d prompt tokens (%d reused) | %s", request.api, stats.prompt_tokens,
-                 stats.prompt_tokens - stats.prefill_tokens, stats.summary_line())
+        cached = (f", {restored.tokens} restored from the prompt cache's {restored.source} in {restored.seconds:.2f} s"
+                  if restored else "")
+        log.info("%s | %d prompt tokens (%d reused%s) | %s", request.api, stats.prompt_tokens,
+                 stats.prompt_tokens - stats.prefill_tokens, cached, stats.summary_line())
