@@ -38,7 +38,8 @@ from time import perf_counter
 
 import numpy as np
 
-from localspec.engine.backend import KV, LlamaModel, common_prefix_length
+from localspec.engine.backend import LlamaModel, common_prefix_length
+from localspec.gguf.memory import MemoryKind
 from localspec.errors import LocalspecError
 from localspec.paths import temp_beside
 
@@ -110,7 +111,7 @@ class PromptCache:
         """Restore the kept state that lets ``model`` skip the most of ``prompt``'s prefill, if it beats what
         the model holds already; None when nothing was restored."""
         identity = self._identity(model)
-        exact = model.memory_plan.memory != KV
+        exact = model.memory_plan.memory != MemoryKind.KV
         held = usable_prefix(model.tokens, prompt, exact=exact)
         candidates = sorted(
             ((usable_prefix(e.tokens, prompt, exact=exact), key) for key, e in self._entries.items()
@@ -170,7 +171,7 @@ class PromptCache:
         if entry.state is None and entry.file is None:
             del self._entries[key]  # the write failed
             return
-        if model.memory_plan.memory == KV:
+        if model.memory_plan.memory == MemoryKind.KV:
             # A KV state cuts to any of its prefixes, so a kept state of a prefix of these tokens is no
             # longer needed (a recurrent one is restored only where it was saved: it stays).
             for other_key, other in list(self._entries.items()):

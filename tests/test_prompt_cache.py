@@ -25,7 +25,8 @@ import openai
 import pytest
 
 from localspec import paths
-from localspec.engine.backend import KV, LlamaModel
+from localspec.engine.backend import LlamaModel
+from localspec.gguf.memory import MemoryKind
 from localspec.engine.sampling import SamplingParams
 from localspec.prompt_cache import SUFFIX, PromptCache, usable_prefix
 from localspec.server.worker import GenerationWorker
@@ -253,7 +254,7 @@ def test_symlinks_are_never_followed_and_stale_temporary_files_go(tiny_target, t
 def test_a_recurrent_state_is_restored_only_where_it_was_saved(make_tiny_model, arch):
     path = make_tiny_model(f"{arch}-cache", architecture=arch, seed=3, logit_scale=8.0)
     model = load(path)
-    assert model.memory_plan.memory != KV
+    assert model.memory_plan.memory != MemoryKind.KV
     prompt = tokens_of(model, TEXTS[0])
     prefill(model, prompt)
     cache = disk_cache(ram_bytes=BIG)

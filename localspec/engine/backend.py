@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.engine.kernels import EXACT, choose_kernels, exact_kernels_built, prefill_paths, use_kernels
-from localspec.engine.library import load_llama_cpp
+from localspec.engine.library import load_llama_cpp, loaded_cpu_library
 from localspec.engine.machine import cpu_model, default_threads, llama_cpp_version
 from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS, MemoryPlan
 from localspec.errors import ContextFullError, LocalspecError
@@ -257,21 +257,18 @@ class LlamaModel:
         self.tokens = list(tokens)
 
     def state_identity(self) -> str:
-        """What a saved state depends on: the weights, the context's layout, the kernels that computed it,
-        the build that wrote it. A state saved under another identity is never restored."""
-        stat = self.path.stat()
-        cpu_lib = _loaded_cpu_library()
+        """What a saved state depends on: what sets the pass costs (weights, threads, kernels, build, CPU),
+        the context's layout and the very library that computed it. A state saved under another identity is
+        never restored."""
+        cpu_lib = loaded_cpu_library()
         built = cpu_lib.stat() if cpu_lib is not None else None
         params = self._context_params
         return " | ".join(
             (
-                f"{self.path.name} {stat.st_size} {stat.st_mtime_ns}",
+                self.cost_identity(),
                 f"n_ctx {self.n_ctx} n_batch {self.n_batch} flash attention {params.flash_attn_type}",
                 f"memory {self.memory_plan.memory} {self.memory_plan.snapshots}",
-                f"threads {self.n_threads} gpu layers {self.n_gpu_layers} kernels {self.kernels}",
-                f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')}",
                 f"{cpu_lib.name} {built.st_size} {built.st_mtime_ns}" if built else "no cpu backend",
-                cpu_model(),
             )
         )
 

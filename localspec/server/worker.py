@@ -18,11 +18,12 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 
 from localspec.conversation import TEMPLATE_KEY, Conversation
-from localspec.engine.backend import KV, LlamaModel
+from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
+from localspec.gguf.memory import MemoryKind
 from localspec.prompt_cache import PromptCache, Restored
 from localspec.server.schema import APIError, GenerationRequest
 from localspec.tool_calls import (
@@ -267,7 +268,7 @@ class GenerationWorker:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
-            if done == total and decoder.target.memory_plan.memory != KV:
+            if done == total and decoder.target.memory_plan.memory != MemoryKind.KV:
                 # A recurrent state is restored only where it was saved, and the next turn re-renders this
                 # answer (perhaps not token for token): the whole prompt is the prefix it surely starts with.
                 self._keep(decoder.target)
