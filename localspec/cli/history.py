@@ -22,7 +22,7 @@ def list_command(ctx: typer.Context) -> None:
         return
     directory = paths.history_dir()
     files = sorted(directory.glob("*.bin")) if directory.is_dir() else []
-    out.print(f"history: {directory} (off: --no-history, or 'history = false' in a profile's defaults)")
+    out.prose(f"history: {directory} (off: --no-history, or 'history = false' in a profile's defaults)")
     if not files:
         out.print("  empty")
         return
@@ -41,4 +41,4 @@ def clear_command() -> None:
     """Delete every stored answer (all tokenizers)."""
     directory = paths.history_dir()
     removed = history.clear(directory) if directory.is_dir() else 0
-    err.print(f"cleared {removed} history file(s) in {directory}")
+    err.prose(f"cleared {removed} history file(s) in {directory}")

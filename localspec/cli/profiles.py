@@ -38,20 +38,20 @@ def list_command(ctx: typer.Context) -> None:
 def show_command(name: str = typer.Argument(..., help="Profile name, as listed by `localspec profiles`.")) -> None:
     """Print one profile: its file, both models with sources and hashes, and its defaults."""
     profile = load_profile(name)
-    out.print(f"{profile.name}: {profile.description}")
-    out.print(f"  file: {profile.path}")
+    out.prose(f"{profile.name}: {profile.description}")
+    out.prose(f"  file: {profile.path}")
     for role, spec in (("target", profile.target), ("draft", profile.draft)):
         _print_model(role, spec)
     out.print("  defaults:")
     for key, value in vars(profile.defaults).items():
-        out.print(f"    {key} = {'auto' if value is None else value}")
+        out.prose(f"    {key} = {'auto' if value is None else value}")
 
 
 def _print_model(role: str, spec: ModelSpec) -> None:
     cached = store.model_path(spec)
-    out.print(f"  {role}: hf://{spec.label}")
-    out.print(f"    size: {format_size(spec.size)}   sha256: {spec.sha256 or 'not pinned'}")
+    out.prose(f"  {role}: hf://{spec.label}")
+    out.prose(f"    size: {format_size(spec.size)}   sha256: {spec.sha256 or 'not pinned'}")
     for mirror in spec.mirrors:
         parts = f"{mirror.packages[0]} .. {mirror.packages[-1]}" if len(mirror.packages) > 1 else mirror.packages[0]
-        out.print(f"    mirror: {mirror.kind} {parts} ({len(mirror.packages)} parts) version {mirror.version}")
-    out.print(f"    cache: {cached}{'' if cached.is_file() else ' (not downloaded)'}")
+        out.prose(f"    mirror: {mirror.kind} {parts} ({len(mirror.packages)} parts) version {mirror.version}")
+    out.prose(f"    cache: {cached}{'' if cached.is_file() else ' (not downloaded)'}")
