@@ -47,6 +47,8 @@ def test_profiles_and_profile_show(deep_home):
     listing = piped("profiles")
     assert_fits(listing)
     assert "Qwen2.5-Coder 32B Instruct + 0.5B draft" in " ".join(listing.split())
+    profiles = json.loads(piped("profiles", "--json"))
+    assert [p["name"] for p in profiles if p["default"]] == [DEFAULT_PROFILE]
     shown = piped("profiles", "show", DEFAULT_PROFILE)
     assert_fits(shown)
     assert "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046" in shown
@@ -64,6 +66,8 @@ def test_history(deep_home):
     text = piped("history")
     assert_fits(text)
     assert "0123456789abcdef" in text
+    data = json.loads(piped("history", "--json"))
+    assert data["files"] == [{"tokenizer": "0123456789abcdef", "answers": 1, "tokens": 9, "bytes": data["files"][0]["bytes"]}]
 
 
 def test_bench_tables_and_notes(tiny_target, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 from rich.table import Table
 
@@ -13,23 +15,39 @@ app = typer.Typer(help="List model profiles (target/draft pairs) or show one.", 
 
 
 @app.callback(invoke_without_command=True)
-def list_command(ctx: typer.Context) -> None:
+def list_command(
+    ctx: typer.Context,
+    json_output: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+) -> None:
     """List shipped and user profiles with sizes, method and whether both models are downloaded."""
     if ctx.invoked_subcommand:
+        return
+    rows = [
+        {
+            "name": profile.name,
+            "default": profile.name == DEFAULT_PROFILE,
+            "target_bytes": profile.target.size,
+            "draft_bytes": profile.draft.size,
+            "method": profile.defaults.method,
+            "downloaded": all(store.model_path(s).is_file() for s in (profile.target, profile.draft)),
+            "description": profile.description,
+        }
+        for profile in list_profiles()
+    ]
+    if json_output:
+        out.print(json.dumps(rows, indent=2), markup=False, highlight=False)
         return
     table = Table(box=None, pad_edge=False)
     for column in ("name", "target", "draft", "method", "downloaded", "description"):
         table.add_column(column)
-    for profile in list_profiles():
-        name = profile.name + (" (default)" if profile.name == DEFAULT_PROFILE else "")
-        downloaded = all(store.model_path(s).is_file() for s in (profile.target, profile.draft))
+    for row in rows:
         table.add_row(
-            name,
-            format_size(profile.target.size),
-            format_size(profile.draft.size),
-            profile.defaults.method,
-            "yes" if downloaded else "no",
-            profile.description,
+            row["name"] + (" (default)" if row["default"] else ""),
+            format_size(row["target_bytes"]),
+            format_size(row["draft_bytes"]),
+            row["method"],
+            "yes" if row["downloaded"] else "no",
+            row["description"],
         )
     out.print(table)
 
