@@ -194,7 +194,7 @@ def _table(workload: str, rows: list[dict]) -> Table:
     shape = f"{first['prompts']} prompt(s) x {first['runs']} run(s)"
     table = Table(
         title=f"{workload}: {shape}, target alone {first['baseline_tok_per_s']:.1f} tok/s",
-        box=box.SIMPLE_HEAD, collapse_padding=True, title_justify="left",
+        box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False, pad_edge=False, title_justify="left",
     )
     for name in (
         "method",
@@ -210,7 +210,7 @@ def _table(workload: str, rows: list[dict]) -> Table:
     ):
         wraps = name in ("method", "per position")
         justify = "left" if name in ("method", "per position", "output") else "right"
-        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold")
+        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=len(name))
     for row in rows:
         positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:4])
         table.add_row(

@@ -86,7 +86,7 @@ PAST_BUDGET = "†"
 def _table(title: str, rows: list[dict]) -> Table:
     """Narrow enough for a terminal or a 100-column log: figures never wrap; where an output differs from stock
     target alone's, the lines after the table say where (``_difference``)."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, title_justify="left")
+    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False, pad_edge=False, title_justify="left")
     if any(row["past_budget"] for row in rows):
         table.caption = (
             f"{PAST_BUDGET} decoded past the token budget (a draft the stock tool did not cut at -n): its rate "
@@ -95,7 +95,7 @@ def _table(title: str, rows: list[dict]) -> Table:
     for name in ("workload", "engine", "decode tok/s", "prefill tok/s", "decode", "prefill", "accepted", "output"):
         wraps = name in ("workload", "engine", "accepted")
         justify = "left" if name in ("workload", "engine", "output") else "right"
-        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold")
+        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=len(name))
     previous = None
     for row in rows:
         if previous is not None and row["workload"] != previous:
