@@ -80,16 +80,17 @@ def test_profiles_lists_the_shipped_ones():
     assert "1.12 GB" in result.output  # the default target's size
 
 
-def test_profiles_piped_is_not_cut_to_80_columns():
-    """`localspec profiles | cat`: off a terminal the table takes the width it needs, headers whole."""
+def test_profiles_piped_wraps_to_100_columns_and_cuts_nothing():
+    """`localspec profiles | cat`: off a terminal the table fits 100 columns, headers whole, prose wrapped."""
     piped = subprocess.run(
         [sys.executable, "-c", "from localspec.cli.app import main; main()", "profiles"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, timeout=60,
     )
     lines = piped.stdout.splitlines()
     assert lines[0].split() == ["name", "target", "draft", "method", "downloaded", "description"]
-    assert "…" not in piped.stdout
-    assert any("Qwen2.5-Coder 32B Instruct + 0.5B draft, Q4_K_M (GPU recommended, ~20 GB)" in line for line in lines)
+    assert "…" not in piped.stdout and max(len(line) for line in lines) <= 100
+    words = " ".join(piped.stdout.split())
+    assert "Qwen2.5-Coder 32B Instruct + 0.5B draft, Q4_K_M (GPU recommended, ~20 GB)" in words
 
 
 def test_profiles_show_prints_models_hashes_and_defaults():

@@ -10,6 +10,7 @@ A draft that agrees with its target only partly is the target's weights plus see
 
 from __future__ import annotations
 
+import ctypes
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -482,3 +483,16 @@ def _add_value(writer: gguf.GGUFWriter, key: str, value) -> None:
         writer.add_string(key, value)
     else:
         writer.add_array(key, list(value))
+
+
+def quantize_tiny_model(source: Path, path: Path, ftype: str) -> Path:
+    """``source`` quantized by llama.cpp's own quantizer to ``ftype`` ("Q4_K_M", "Q6_K", ...: a
+    ``LLAMA_FTYPE_MOSTLY_*`` name), as real GGUFs are. K-quants need rows of a multiple of 256 columns."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = 1
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {ftype}")
+    return path

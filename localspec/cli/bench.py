@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich import box
 from rich.table import Table
 
 from localspec import paths
@@ -145,12 +146,16 @@ def bench_command(
     for recommendation in recommendations:
         workload_rows = [r for r in rows if r["workload"] == recommendation.workload]
         out.print(_table(recommendation.workload, workload_rows))
+        for row in workload_rows:
+            if row["identical"] is False:
+                out.prose(f"  {report.row_label(row)} {_difference(row)}")
         if any(r["history"] for r in workload_rows):
             for row in workload_rows[1:]:  # the learning curve: each request's speedup, in order
                 speedups = " ".join(_x(p["speedup"]) for p in row["per_prompt"])
-                out.print(f"  {report.row_label(row)} per request: {speedups}")
-        out.print(f"  recommended for {recommendation.workload}: {recommendation.text}\n")
-    out.print(f"overall: {overall.text}")
+                out.prose(f"  {report.row_label(row)} per request: {speedups}")
+        out.prose(f"  recommended for {recommendation.workload}: {recommendation.text}")
+        out.print()
+    out.prose(f"overall: {overall.text}")
     _write_outputs(rows, recommendations, overall, json_path, csv_path, plot_path, _meta(pair, settings))
     if write_profile is not None:
         note = f"defaults from localspec bench: {overall.text}"
@@ -188,9 +193,14 @@ def _meta(pair, settings: BenchSettings) -> dict:
 
 
 def _table(workload: str, rows: list[dict]) -> Table:
+    """One row per method, narrow enough for a terminal or a 100-column log: figures never wrap, and where an
+    output differs the table says so and the line after it says where (``_difference``)."""
     first = rows[0]
     shape = f"{first['prompts']} prompt(s) x {first['runs']} run(s)"
-    table = Table(title=f"{workload}: {shape}, target alone {first['baseline_tok_per_s']:.1f} tok/s")
+    table = Table(
+        title=f"{workload}: {shape}, target alone {first['baseline_tok_per_s']:.1f} tok/s",
+        box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False, pad_edge=False, title_justify="left",
+    )
     for name in (
         "method",
         "tok/s",
@@ -203,7 +213,9 @@ def _table(workload: str, rows: list[dict]) -> Table:
         "TTFT s",
         "output",
     ):
-        table.add_column(name, justify="left" if name in ("method", "per position", "output") else "right")
+        wraps = name in ("method", "per position")
+        justify = "left" if name in ("method", "per position", "output") else "right"
+        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=len(name))
     for row in rows:
         positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:4])
         table.add_row(
@@ -223,9 +235,11 @@ def _table(workload: str, rows: list[dict]) -> Table:
 
 def _output(row: dict) -> str:
     if row["identical"] is None:
-        return "sampled (not compared)"
-    if row["identical"]:
-        return "identical"
+        return "sampled"
+    return "identical" if row["identical"] else "differs"
+
+
+def _difference(row: dict) -> str:
     d = row["first_difference"]
     return f"differs in {d['prompt']} at token {d['index']}: {d['baseline_text']!r} vs {d['speculative_text']!r}"
 

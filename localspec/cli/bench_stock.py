@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
+from rich import box
 from rich.table import Table
 
 from localspec.bench import stock
@@ -59,6 +60,9 @@ def compare_with_llama_cpp(
         f"threads {target.n_threads}, ctx {target.n_ctx}, localspec kernels {target.kernels}"
     )
     out.print(_table(title, rows))
+    for row in rows:
+        if row["engine"] != stock.STOCK_BASELINE.label and not row["identical"]:
+            out.prose(f"  {row['workload']}, {row['engine']} {_difference(row)}")
     if json_path:
         meta = {
             "model": pair.label,
@@ -82,14 +86,18 @@ PAST_BUDGET = "†"
 
 
 def _table(title: str, rows: list[dict]) -> Table:
-    table = Table(title=title)
+    """Narrow enough for a terminal or a 100-column log: figures never wrap; where an output differs from stock
+    target alone's, the lines after the table say where (``_difference``)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False, pad_edge=False, title_justify="left")
     if any(row["past_budget"] for row in rows):
         table.caption = (
             f"{PAST_BUDGET} decoded past the token budget (a draft the stock tool did not cut at -n): its rate "
             "and acceptance count those tokens, the likeliest of a copy"
         )
     for name in ("workload", "engine", "decode tok/s", "prefill tok/s", "decode", "prefill", "accepted", "output"):
-        table.add_column(name, justify="left" if name in ("workload", "engine", "output") else "right")
+        wraps = name in ("workload", "engine", "accepted")
+        justify = "left" if name in ("workload", "engine", "output") else "right"
+        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=len(name))
     previous = None
     for row in rows:
         if previous is not None and row["workload"] != previous:
@@ -123,8 +131,10 @@ def _past_budget(row: dict) -> str:
 def _output(row: dict) -> str:
     if row["engine"] == stock.STOCK_BASELINE.label:
         return "(reference)"
-    if row["identical"]:
-        return "identical"
+    return "identical" if row["identical"] else "differs"
+
+
+def _difference(row: dict) -> str:
     d = row["differences"][0]
     more = f" (+{len(row['differences']) - 1} prompts)" if len(row["differences"]) > 1 else ""
     return f"differs in {d['prompt']} at char {d['index']}: {d['baseline']!r} vs {d['other']!r}{more}"

@@ -57,7 +57,7 @@ def _print_report(report: Report) -> None:
     headline = Text(report.verdict, style=_VERDICT_STYLES[report.verdict])
     if report.first_reason:
         headline.append(f": {report.first_reason}")
-    out.print(headline)
+    out.print(headline, soft_wrap=False)
     table = Table(show_header=True, header_style="bold", expand=False)
     for column in ("severity", "check", "finding", "detail"):
         table.add_column(column, overflow="fold")

