@@ -196,27 +196,6 @@ class LiveView:
         return text
 
 
-def summary_line(stats: GenerationStats) -> str:
-    """One line of figures for the end of an answer."""
-    parts = [
-        f"{stats.generated_tokens} tokens",
-        f"{stats.decode_tok_per_s:.1f} tok/s",
-        f"{stats.rounds} target passes",
-    ]
-    if stats.drafted:
-        by_method = ", ".join(
-            f"{m} {stats.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(stats.drafted_by_method.items())
-        )
-        parts.append(f"accepted {stats.acceptance_rate:.0%} ({by_method})")
-        parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
-    parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s")
-    if stats.replayed_tokens:
-        parts.append(f"{stats.replayed_tokens} tokens replayed ({stats.rollback_s:.2f}s on rollbacks)")
-    parts.append(f"stop: {stats.stop_reason}")
-    parts.append(f"{stats.kernels} kernels")
-    return " | ".join(parts)
-
-
 def stats_table(stats: GenerationStats) -> Table:
     """Every figure of one answer, from the same ``to_dict`` that ``run --json`` prints."""
     table = Table(show_header=False, box=None, pad_edge=False)

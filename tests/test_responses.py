@@ -85,7 +85,9 @@ BAD_REQUESTS = [
     ("no input", {"model": "tiny"}, "missing_input"),
     ("an image part", body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
      "invalid_value"),
-    ("a built-in tool", body(tools=[{"type": "web_search"}]), "invalid_tools"),
+    ("a client tool with free-form input", body(tools=[{"type": "custom", "name": "apply_patch"}]), "invalid_tools"),
+    ("a namespace holding a hosted tool", body(tools=[{"type": "namespace", "name": "n", "tools": [
+        {"type": "web_search"}]}]), "invalid_tools"),
     ("a function output for an unknown call", body(input=[
         {"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_x", "output": "1"}]),
      "unknown_tool_call_id"),

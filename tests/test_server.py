@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from localspec.cli.app import app as cli_app
 from localspec.engine.sampling import SamplingParams
 from localspec.server.app import LocalServer, make_app
-from localspec.server.schema import GenerationRequest
+from localspec.server.request import GenerationRequest
 from localspec.server.worker import GenerationWorker, Job
 from localspec.session import ModelOptions, Pair, open_decoder
 from tests.tiny_models import QWEN3_CODER_TOOLS_TEMPLATE, QWEN_TOOLS_TEMPLATE

@@ -24,8 +24,9 @@ from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
 from localspec.engine.controller import check_method
 from localspec.engine.sampling import SamplingParams
+from localspec.engine.stats import summary_line
 from localspec.errors import LocalspecError, UsageError
-from localspec.tui import LiveView, stats_table, summary_line
+from localspec.tui import LiveView, stats_table
 
 DEFAULT_MAX_TOKENS = 1024
 # After a line is read on a terminal, input arriving within this time is the rest of a paste.

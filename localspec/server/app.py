@@ -1,6 +1,6 @@
 """The HTTP APIs: a Starlette app around a ``GenerationWorker``, served by uvicorn.
 
-OpenAI's chat completions (schema.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
+OpenAI's chat completions (openai.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
 (responses.py) each translate their body into the one ``GenerationRequest`` and the job's events back
 into their own format; nothing below knows which API asked. Handlers run on the event loop and never
 touch a model: they check the request, queue a ``Job`` and relay its events, as one JSON body or as
@@ -27,13 +27,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localspec.server import anthropic, responses, schema
-from localspec.server.schema import APIError, GenerationRequest
+from localspec.server import anthropic, openai, responses
+from localspec.server.reasoning import ReasoningDelta
+from localspec.server.request import APIError, GenerationRequest
+from localspec.server.results import now
 from localspec.server.worker import Event, Failed, GenerationWorker, Job
 from localspec.tool_calls import CallDelta, TextDelta
 
 # What a job emits while it answers (the rest are Finished or Failed).
-ANSWER_EVENTS = (TextDelta, CallDelta)
+ANSWER_EVENTS = (TextDelta, CallDelta, ReasoningDelta)
 
 # Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -78,20 +80,20 @@ def make_app(
     async def models(request: Request) -> Response:
         authorize(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": schema.now(), "owned_by": "localspec"}
+            {"id": model_name, "object": "model", "created": now(), "owned_by": "localspec"}
         ]})
 
     async def chat_completions(request: Request) -> Response:
         authorize(request)
-        generation = schema.parse_chat_request(await _read_json(request, max_body_bytes))
+        generation = openai.parse_chat_request(await _read_json(request, max_body_bytes))
         return await _answer(request, worker, generation,
-                             schema.ChatFormat(model_name, include_usage=generation.include_usage))
+                             openai.ChatFormat(model_name, include_usage=generation.include_usage))
 
     async def completions(request: Request) -> Response:
         authorize(request)
-        generation = schema.parse_completion_request(await _read_json(request, max_body_bytes))
+        generation = openai.parse_completion_request(await _read_json(request, max_body_bytes))
         return await _answer(request, worker, generation,
-                             schema.CompletionFormat(model_name, include_usage=generation.include_usage))
+                             openai.CompletionFormat(model_name, include_usage=generation.include_usage))
 
     async def messages(request: Request) -> Response:
         authorize(request)

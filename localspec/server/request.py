@@ -1,31 +1,32 @@
-"""OpenAI request bodies in, checked field by field; response bodies and errors out.
+"""The one internal request every API translates into, its errors, and the rules the APIs share.
 
-The checks are written out rather than left to a schema library so that every rejection is one
-message naming the field and what to send instead, in OpenAI's error shape. Fields that would change
-the answer but that localspec cannot honour (``n`` > 1, penalties, logprobs...) are refused, never
-silently ignored; fields that do not change the answer (``user``, ``model``...) are accepted.
-
-Every API (this one, anthropic.py, responses.py) translates its body into the one ``GenerationRequest``:
+Every API (openai.py, anthropic.py, responses.py) translates its body into one ``GenerationRequest``:
 messages in the shape Hugging Face chat templates read (assistant ``tool_calls`` with arguments as an
 object, ``role: "tool"`` results), tools as OpenAI function tools. The rules shared by the APIs (a tool's
-shape, tool results answering earlier calls, tool_choice against tools) are written here once.
+shape, tool results answering earlier calls, tool_choice against tools, reading a field) are written here
+once. The checks are written out rather than left to a schema library so that every rejection is one
+message naming the field and what to send instead.
+
+What changes an answer and cannot be honoured is refused; what only steers a hosted service (metadata,
+cache hints, stored responses...) is accepted and named in a debug log line (``ignore_hosted``); any
+other unknown field is ignored.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-import time
-import uuid
 from dataclasses import dataclass, field
 
-from localspec.engine.stats import GenerationStats
-from localspec.tool_calls import CallDelta, ToolCall, collect_calls
+log = logging.getLogger("localspec.server")
 
 ROLES = ("system", "user", "assistant", "tool")
 # Newer OpenAI clients send "developer" where older ones sent "system".
 ROLE_ALIASES = {"developer": "system"}
+# Reasoning efforts (OpenAI's ``reasoning_effort`` and Responses ``reasoning.effort``) that turn thinking off.
+NO_REASONING = ("none", "minimal")
 MAX_STOP_STRINGS = 16
 # OpenAI's rule for function names; templates and parsers rely on names without quotes or spaces.
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -78,6 +79,10 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    # Whether the model thinks before answering, where its template has the switch (None: its default).
+    thinking: bool | None = None
+    # Tools offered under another name than the client's: offered name -> (namespace, client's name).
+    tool_namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def offered_tools(self) -> list[dict]:
@@ -88,24 +93,6 @@ class GenerationRequest:
         fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                   "min_p": self.min_p, "seed": self.seed}
         return {name: value for name, value in fields.items() if value is not None}
-
-
-# -- parsing ---------------------------------------------------------------------------------------
-def parse_chat_request(body: object) -> GenerationRequest:
-    body = object_body(body)
-    _refuse_unsupported(body, chat=True)
-    if "messages" not in body:
-        raise invalid("'messages' is required: send a list of {\"role\", \"content\"} objects", "missing_messages")
-    messages = body["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise invalid("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "missing_messages")
-    tools = [_openai_tool(t, f"tools[{i}]") for i, t in enumerate(list_field(body, "tools"))]
-    choice, name = _openai_tool_choice(body.get("tool_choice"))
-    return chat_request(
-        [_message(m, i) for i, m in enumerate(messages)], tools=tools, tool_choice=choice, tool_name=name,
-        parallel_tool_calls=boolean(body, "parallel_tool_calls") or False,
-        json_schema=_response_format(body.get("response_format")), **_common(body),
-    )
 
 
 def chat_request(messages: list[dict], **fields) -> GenerationRequest:
@@ -125,6 +112,19 @@ def chat_request(messages: list[dict], **fields) -> GenerationRequest:
         raise invalid("a JSON response format cannot be combined with tool calls; send tool_choice 'none' "
                       "or leave the response format out", "invalid_response_format")
     return request
+
+
+def ignore_hosted(api: str, body: dict, names: tuple[str, ...]) -> None:
+    """Log the fields of ``body`` among ``names``: they only steer a hosted service, so they are ignored."""
+    present = [name for name in names if body.get(name) is not None]
+    if present:
+        log.debug("%s: ignored what only a hosted service uses: %s", api, ", ".join(present))
+
+
+def leave_out_tools(api: str, kinds: list[str]) -> None:
+    """Log the hosted tools (web search, code interpreter...) a request offered: the server cannot run them."""
+    if kinds:
+        log.info("%s: left out tools the server cannot run: %s", api, ", ".join(kinds))
 
 
 def check_tool_history(messages: list[dict]) -> None:
@@ -174,31 +174,6 @@ def tool_call(call_id: object, name: object, arguments: object, where: str) -> d
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _openai_tool(tool: object, where: str) -> dict:
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise invalid(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", \"parameters\"}}}}; "
-                      "only function tools are supported", "invalid_tools")
-    function = tool["function"]
-    return function_tool(function.get("name"), function.get("description"), function.get("parameters"), where)
-
-
-def _openai_tool_choice(choice: object) -> tuple[str, str | None]:
-    if choice is None or choice in TOOL_CHOICES:
-        return choice or "auto", None
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        return "function", choice["function"].get("name")
-    raise invalid("'tool_choice' must be 'auto', 'none', 'required' or "
-                  "{\"type\": \"function\", \"function\": {\"name\": ...}}", "invalid_tool_choice")
-
-
-def _response_format(fmt: object) -> dict | None:
-    if fmt is not None and not isinstance(fmt, dict):
-        fmt = {"type": fmt}
-    spec = (fmt or {}).get("json_schema")
-    return answer_schema(fmt, spec.get("schema") if isinstance(spec, dict) else None, "response_format",
-                         '{"type": "json_schema", "json_schema": {"name", "schema"}}')
-
-
 def answer_schema(fmt: dict | None, schema: object, field: str, schema_form: str) -> dict | None:
     """The JSON schema a response format asks the answer to follow (None for plain text), for every API."""
     kind = fmt.get("type") if fmt else "text"
@@ -221,112 +196,10 @@ def list_field(body: dict, name: str) -> list:
     return value
 
 
-def parse_completion_request(body: object) -> GenerationRequest:
-    body = object_body(body)
-    _refuse_unsupported(body, chat=False)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]  # the openai client sends a one-element list for a single prompt
-    if not isinstance(prompt, str) or not prompt:
-        raise invalid("'prompt' must be a non-empty string (one prompt per request; token ids are not accepted)")
-    return GenerationRequest(prompt=prompt, api="completions", **_common(body))
-
-
 def object_body(body: object) -> dict:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", "invalid_json")
     return body
-
-
-def _refuse_unsupported(body: dict, *, chat: bool) -> None:
-    n = integer(body, "n", minimum=1)
-    if n is not None and n > 1:
-        raise invalid("'n' > 1 is not supported: localspec generates one choice per request; send n=1")
-    if body.get("functions") or body.get("function_call"):
-        raise invalid("the deprecated 'functions' and 'function_call' are not supported; send 'tools' and "
-                      "'tool_choice' instead", "unsupported_parameter")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if number(body, name, -2.0, 2.0):
-            raise invalid(f"'{name}' is not supported: leave it out or send 0", "unsupported_parameter")
-    if body.get("logit_bias"):
-        raise invalid("'logit_bias' is not supported: leave it out", "unsupported_parameter")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise invalid("'logprobs' are not supported: leave them out", "unsupported_parameter")
-    if not chat:
-        if body.get("echo") or body.get("suffix"):
-            raise invalid("'echo' and 'suffix' are not supported: leave them out", "unsupported_parameter")
-        best_of = integer(body, "best_of", minimum=1)
-        if best_of is not None and best_of > 1:
-            raise invalid("'best_of' > 1 is not supported: send best_of=1", "unsupported_parameter")
-
-
-def _message(message: object, index: int) -> dict:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise invalid(f"{where} must be an object with 'role' and 'content'")
-    role = message.get("role")
-    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-    if role not in ROLES:
-        raise invalid(f"{where}.role is {message.get('role')!r}; use one of {', '.join(ROLES)}", "invalid_role")
-    calls = message.get("tool_calls") if role == "assistant" else None
-    if calls is not None and not isinstance(calls, list):
-        raise invalid(f"{where}.tool_calls must be a list")
-    content = message.get("content")
-    # An assistant turn that only calls tools has null content; templates read it as empty.
-    parsed = {"role": role, "content": "" if content is None and calls else _content(content, where)}
-    if calls:
-        parsed["tool_calls"] = [_openai_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or not call_id:
-            raise invalid(f"{where}.tool_call_id must be the id of the tool call this message answers")
-        parsed["tool_call_id"] = call_id
-    return parsed
-
-
-def _openai_call(call: object, where: str) -> dict:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        raise invalid(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}")
-    return tool_call(call.get("id"), function.get("name"), function.get("arguments"), where)
-
-
-def _content(content: object, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"{where}.content: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid(f"{where}.content must be a string or a list of text parts")
-
-
-def _common(body: dict) -> dict:
-    max_tokens = integer(body, "max_completion_tokens", minimum=1)
-    if max_tokens is None:
-        max_tokens = integer(body, "max_tokens", minimum=1)
-    stream = boolean(body, "stream") or False
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise invalid("'stream_options' must be an object such as {\"include_usage\": true}")
-    include_usage = boolean(options or {}, "include_usage", "stream_options.include_usage") or False
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise invalid("'model' must be a string")
-    return dict(
-        max_tokens=max_tokens,
-        temperature=number(body, "temperature", 0.0, 2.0),
-        top_p=number(body, "top_p", 0.0, 1.0),
-        top_k=integer(body, "top_k", minimum=0),
-        min_p=number(body, "min_p", 0.0, 1.0),
-        seed=integer(body, "seed", minimum=0),
-        stop=stop_strings(body.get("stop")),
-        stream=stream,
-        include_usage=stream and include_usage,
-    )
 
 
 def stop_strings(stop: object, name: str = "stop") -> tuple[str, ...]:
@@ -366,152 +239,3 @@ def boolean(body: dict, name: str, label: str | None = None) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise invalid(f"'{label or name}' must be true or false")
     return value
-
-
-# -- responses -------------------------------------------------------------------------------------
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def finish_reason(stats: GenerationStats) -> str:
-    """OpenAI's reason: ``length`` when the token budget or the context ran out, else ``stop``."""
-    return "length" if stats.stop_reason in ("length", "context_full") else "stop"
-
-
-def usage(stats: GenerationStats) -> dict:
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.generated_tokens,
-        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens - stats.prefill_tokens},
-    }
-
-
-def timings(stats: GenerationStats, method: str) -> dict:
-    """The figures llama-server reports under ``timings``, plus the speculation method, from the engine's stats."""
-    figures = stats.to_dict()
-    return {
-        "cache_n": stats.prompt_tokens - stats.prefill_tokens,
-        "prompt_n": stats.prefill_tokens,
-        "prompt_ms": stats.prefill_s * 1000.0,
-        "prompt_per_second": stats.prefill_tok_per_s,
-        "predicted_n": stats.generated_tokens,
-        "predicted_ms": stats.decode_s * 1000.0,
-        "predicted_per_second": stats.decode_tok_per_s,
-        "draft_n": stats.drafted,
-        "draft_n_accepted": stats.accepted,
-        "method": method,
-        "by_method": figures["by_method"],
-    }
-
-
-class ChatFormat:
-    """Bodies of /v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects.
-
-    Tool calls stream as OpenAI's deltas: ``index``, then ``id``, ``type`` and ``name`` once, then
-    fragments of ``arguments`` to concatenate.
-    """
-
-    done_marker = True  # OpenAI ends its streams with "data: [DONE]"
-
-    def __init__(self, model: str, *, include_usage: bool = False) -> None:
-        self.model, self.id, self.created = model, new_id("chatcmpl"), now()
-        self.include_usage = include_usage
-
-    def _head(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def _reason(self, done) -> str:
-        reason = finish_reason(done.stats)
-        return "tool_calls" if done.called and reason == "stop" else reason
-
-    def response(self, events: list, done) -> dict:
-        content, calls = collect(events)
-        message = {"role": "assistant", "content": content if content or not calls else None}
-        if calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-        return {
-            **self._head("chat.completion"),
-            "choices": [{"index": 0, "message": message, "finish_reason": self._reason(done)}],
-            "usage": usage(done.stats),
-            "timings": timings(done.stats, done.method),
-        }
-
-    def _chunk(self, delta: dict) -> dict:
-        body = {**self._head("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        return {**body, "usage": None} if self.include_usage else body
-
-    def stream_start(self) -> list:
-        return [(None, self._chunk({"role": "assistant", "content": ""}))]
-
-    def stream_event(self, event) -> list:
-        if isinstance(event, CallDelta):
-            call = {"index": event.index, "function": {"arguments": event.arguments}}
-            if event.id is not None:
-                call = {"index": event.index, "id": event.id, "type": "function",
-                        "function": {"name": event.name, "arguments": event.arguments}}
-            return [(None, self._chunk({"tool_calls": [call]}))]
-        return [(None, self._chunk({"content": event.text}))]
-
-    def stream_end(self, done) -> list:
-        last = {**self._head("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": {}, "finish_reason": self._reason(done)}],
-                "timings": timings(done.stats, done.method)}
-        if not self.include_usage:
-            return [(None, last)]
-        # OpenAI's usage chunk comes after the finish reason, with no choices; the figures ride on it too.
-        figures = {**self._head("chat.completion.chunk"), "choices": [], "usage": usage(done.stats),
-                   "timings": last["timings"]}
-        return [(None, {**last, "usage": None}), (None, figures)]
-
-    def stream_error(self, error: APIError) -> tuple:
-        return None, error.body()
-
-
-class CompletionFormat:
-    """Bodies of /v1/completions: ``text_completion`` objects, streamed or whole."""
-
-    done_marker = True
-
-    def __init__(self, model: str, *, include_usage: bool = False) -> None:
-        self.model, self.id, self.created = model, new_id("cmpl"), now()
-        self.include_usage = include_usage
-
-    def _body(self, text: str, reason: str | None) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
-
-    def response(self, events: list, done) -> dict:
-        text, _ = collect(events)
-        return {**self._body(text, finish_reason(done.stats)), "usage": usage(done.stats),
-                "timings": timings(done.stats, done.method)}
-
-    def _chunk(self, text: str) -> dict:
-        body = self._body(text, None)
-        return {**body, "usage": None} if self.include_usage else body
-
-    def stream_start(self) -> list:
-        return [(None, self._chunk(""))]
-
-    def stream_event(self, event) -> list:
-        return [(None, self._chunk(event.text))]
-
-    def stream_end(self, done) -> list:
-        last = {**self._body("", finish_reason(done.stats)), "timings": timings(done.stats, done.method)}
-        if not self.include_usage:
-            return [(None, last)]
-        figures = {**self._body("", None), "choices": [], "usage": usage(done.stats), "timings": last["timings"]}
-        return [(None, {**last, "usage": None}), (None, figures)]
-
-    def stream_error(self, error: APIError) -> tuple:
-        return None, error.body()
-
-
-def collect(events: list) -> tuple[str, list[ToolCall]]:
-    """The text and the whole tool calls of an answer's events (``TextDelta`` and ``CallDelta``)."""
-    return collect_calls(list(events))

@@ -23,12 +23,14 @@ from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats
 from localspec.engine.text import STOP_STRING, stream_text
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, TemplateError, UsageError
-from localspec.server.schema import APIError, GenerationRequest
+from localspec.engine.stats import summary_line
+from localspec.server.reasoning import THINK_OPEN, ReasoningDelta, ReasoningSplitter, has_reasoning
+from localspec.server.request import APIError, GenerationRequest
+from localspec.server.results import cached_tokens
 from localspec.tool_calls import (
     GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
     detect_syntax, generic_tool_messages,
 )
-from localspec.tui import summary_line
 
 DEFAULT_MAX_QUEUE = 8
 
@@ -48,7 +50,7 @@ class Failed:
     error: APIError
 
 
-Event = TextDelta | CallDelta | Finished | Failed
+Event = TextDelta | CallDelta | ReasoningDelta | Finished | Failed
 
 
 class _Cancelled(Exception):
@@ -101,6 +103,7 @@ class GenerationWorker:
         self.max_tokens = max_tokens
         template = decoder.target.metadata.get(TEMPLATE_KEY)
         self.has_chat_template = bool(template)
+        self.thinks = bool(template) and has_reasoning(template)
         self.tool_syntax = detect_syntax(template) if template else GENERIC
         if template and self.tool_syntax.generic:
             log.warning("the chat template of %s defines no tool-call syntax: tools are described in a system "
@@ -181,20 +184,24 @@ class GenerationWorker:
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
         try:
-            return len(self._prompt(request))
+            return len(self._prompt(request)[0])
         except TemplateError as exc:
             raise APIError(400, str(exc)) from None
 
-    def _prompt(self, request: GenerationRequest) -> list[int]:
+    def _prompt(self, request: GenerationRequest) -> tuple[list[int], bool]:
+        """The prompt's tokens, and whether it ends inside the model's reasoning (the template opened it)."""
         if request.messages is None:
-            return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
+            return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}]), False
         if not self.has_chat_template:
             raise APIError(400, f"{self.decoder.target.path.name} has no chat template; "
                                 "send raw text to /v1/completions instead")
         messages, tools = request.messages, request.offered_tools
         if self.tool_syntax.generic:
             messages = generic_tool_messages(messages, tools)
-        return Conversation(self.decoder).render(messages, tools=None if self.tool_syntax.generic else tools)
+        conversation = Conversation(self.decoder)
+        text, add_bos = conversation.render_text(messages, tools=None if self.tool_syntax.generic else tools,
+                                                 thinking=request.thinking)
+        return conversation.tokenize(text, add_bos), self.thinks and text.rstrip().endswith(THINK_OPEN)
 
     def _constraint(self, request: GenerationRequest):
         """The grammar a request's answer must follow, or None."""
@@ -220,7 +227,7 @@ class GenerationWorker:
 
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
-        prompt = self._prompt(request)
+        prompt, reasoning_opened = self._prompt(request)
         n_ctx = decoder.target.n_ctx
         if len(prompt) >= n_ctx:
             raise APIError(
@@ -241,11 +248,20 @@ class GenerationWorker:
                                  prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
+        splitter = ReasoningSplitter(opened=reasoning_opened) if self.thinks and request.messages else None
 
         def emit(deltas) -> None:
             for delta in deltas:
-                if isinstance(delta, TextDelta) or delta.index == 0 or request.parallel_tool_calls:
+                if not isinstance(delta, CallDelta) or delta.index == 0 or request.parallel_tool_calls:
                     job.emit(delta)  # a call past the first is answered only with parallel_tool_calls
+
+        def answer(pieces) -> None:
+            """The answer's text, split into reasoning, text and tool calls."""
+            for piece in pieces:
+                if isinstance(piece, ReasoningDelta):
+                    emit([piece])
+                else:
+                    emit(parser.feed(piece) if parser else [TextDelta(piece)])
 
         stop = None
         with closing(stream_text(decoder.target, steps, stop=request.stop)) as pieces:
@@ -256,10 +272,12 @@ class GenerationWorker:
                 if stop:
                     decoder.stats.stop_reason = STOP_STRING  # the round may also have used up the budget
                 if piece.text:
-                    emit(parser.feed(piece.text) if parser else [TextDelta(piece.text)])
+                    answer(splitter.feed(piece.text) if splitter else [piece.text])
+        if splitter:
+            answer(splitter.finish())
         if parser:
             emit(parser.finish())
         stats = decoder.stats
         job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
         log.info("%s | %d prompt tokens (%d reused) | %s", request.api, stats.prompt_tokens,
-                 stats.prompt_tokens - stats.prefill_tokens, summary_line(stats))
+                 cached_tokens(stats), summary_line(stats))
