@@ -13,7 +13,11 @@ install_agents() {
         echo "Installing the pinned agent clients (once): $AGENT_PACKAGES" >&2
         rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
         # shellcheck disable=SC2086
-        npm install --prefix "$dir.tmp" --no-audit --no-fund --loglevel=error $AGENT_PACKAGES >&2
+        if ! npm install --prefix "$dir.tmp" --no-audit --no-fund --loglevel=error $AGENT_PACKAGES >&2; then
+            echo "scripts/lib/agents.sh: npm install failed; the agent client tests will skip" >&2
+            rm -rf "$dir.tmp"
+            return 0
+        fi
         rm -rf "$dir" && mv "$dir.tmp" "$dir" && touch "$dir/.installed"
     fi
     export LOCALSPEC_AGENTS_DIR="$dir/node_modules/.bin"
