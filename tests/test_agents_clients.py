@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
+import textwrap
 import threading
 import time
 from contextlib import contextmanager
@@ -33,8 +36,6 @@ from starlette.routing import Route
 
 from localspec.engine.backend import common_prefix_length
 from tests.test_server import open_worker, serving
-
-pytestmark = pytest.mark.real
 
 # Claude Code's first prompt with its default tools is 12k-19k tokens; the tests offer it fewer tools.
 N_CTX = 16384
@@ -170,52 +171,66 @@ def sent_tool_result(recorder: Recorder) -> bool:
     return any(CODE_WORD in json.dumps(r["body"]) for r in recorder.requests)
 
 
-# -- Claude Code ---------------------------------------------------------------------------------------
-def claude(base_url: str, project: Path, task: str) -> str:
-    # The environment the README gives, plus -p (headless) and the one built-in tool the tests use.
-    env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_AUTH_TOKEN": "local", "ANTHROPIC_MODEL": "local",
-           "ANTHROPIC_SMALL_FAST_MODEL": "local", "DISABLE_TELEMETRY": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    result = run_client([str(agents_bin() / "claude"), "-p", task, "--tools", "Read", "--output-format", "json"],
-                        project, env)
-    answer = json.loads(result.stdout)
-    assert answer["is_error"] is False, answer
-    return answer["result"]
-
-
-# -- Codex CLI -----------------------------------------------------------------------------------------
+# -- the clients, as the README runs them ----------------------------------------------------------------
+# "{url}" is the server's base URL, "..." the task.
+CLAUDE = ("ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN=local ANTHROPIC_MODEL=local ANTHROPIC_SMALL_FAST_MODEL=local "
+          "DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 "
+          'claude -p "..." --tools Read --output-format json')
+CODEX = 'LOCALSPEC_API_KEY=local codex exec --skip-git-repo-check "..."'
 CODEX_CONFIG = """model = "local"
 model_provider = "localspec"
 [model_providers.localspec]
 name = "localspec"
-base_url = "{base_url}/v1"
+base_url = "{url}/v1"
 wire_api = "responses"
 env_key = "LOCALSPEC_API_KEY"
 """
+OPENCODE = 'opencode run "..."'
+OPENCODE_CONFIG = """{{"provider": {{"localspec": {{"npm": "@ai-sdk/openai-compatible", "name": "localspec",
+  "options": {{"baseURL": "{url}/v1"}}, "models": {{"local": {{"name": "localspec"}}}}}}}},
+ "model": "localspec/local"}}"""
+README_URL = "http://127.0.0.1:8080"
 
 
-def codex(base_url: str, project: Path, task: str) -> str:
+def command(line: str, url: str, task: str) -> tuple[dict[str, str], list[str]]:
+    """The environment and argv of a README command line for the server at ``url``."""
+    words = shlex.split(line.format(url=url))
+    cut = next(i for i, word in enumerate(words) if "=" not in word)
+    argv = [task if word == "..." else word for word in words[cut:]]
+    return dict(word.split("=", 1) for word in words[:cut]), [str(agents_bin() / argv[0]), *argv[1:]]
+
+
+def claude(url: str, project: Path, task: str) -> str:
+    env, argv = command(CLAUDE, url, task)
+    answer = json.loads(run_client(argv, project, env).stdout)
+    assert answer["is_error"] is False, answer
+    return answer["result"]
+
+
+def codex(url: str, project: Path, task: str) -> str:
     config = project / "home" / ".codex"
     config.mkdir(exist_ok=True)
-    (config / "config.toml").write_text(CODEX_CONFIG.format(base_url=base_url))
-    last = project / "last-message.txt"
-    run_client([str(agents_bin() / "codex"), "exec", "--skip-git-repo-check", "--output-last-message", str(last),
-                task], project, {"LOCALSPEC_API_KEY": "local"})
-    return last.read_text()
+    (config / "config.toml").write_text(CODEX_CONFIG.format(url=url))
+    env, argv = command(CODEX, url, task)
+    return run_client(argv, project, env).stdout  # the last message; the progress goes to stderr
 
 
-# -- opencode ------------------------------------------------------------------------------------------
-def opencode_config(base_url: str) -> dict:
-    return {"provider": {"localspec": {"npm": "@ai-sdk/openai-compatible", "name": "localspec",
-                                       "options": {"baseURL": f"{base_url}/v1"},
-                                       "models": {"local": {"name": "localspec"}}}},
-            "model": "localspec/local"}
+def opencode(url: str, project: Path, task: str) -> str:
+    (project / "project" / "opencode.json").write_text(OPENCODE_CONFIG.format(url=url))
+    env, argv = command(OPENCODE, url, task)
+    return run_client(argv, project, env).stdout
 
 
-def opencode(base_url: str, project: Path, task: str) -> str:
-    (project / "project" / "opencode.json").write_text(json.dumps(opencode_config(base_url)))
-    result = run_client([str(agents_bin() / "opencode"), "run", task], project, {})
-    return result.stdout
+def test_the_readme_shows_what_these_tests_run():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Pointing agents at it"):readme.index("## How it works")]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    unindent = {kind: textwrap.dedent(block) for kind, block in blocks}
+    assert json.loads(unindent["json"]) == json.loads(OPENCODE_CONFIG.format(url=README_URL))
+    assert unindent["toml"] == CODEX_CONFIG.format(url=README_URL)
+    assert " ".join(unindent["sh"].replace("\\\n", " ").split()) == CLAUDE.format(url=README_URL)
+    for line in (CODEX, OPENCODE):
+        assert f"`{line}`" in " ".join(section.split())
 
 
 # -- the turns -----------------------------------------------------------------------------------------
@@ -228,6 +243,7 @@ CLIENTS = {"claude-code": (claude, "/v1/messages?beta=true"), "codex": (codex, "
 TURNS = {"text": (TEXT_TASK, "paris"), "tool": (TOOL_TASK, CODE_WORD.lower())}
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("turn", TURNS)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn):
@@ -243,6 +259,7 @@ def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn):
 
 
 # -- an interleaved session ------------------------------------------------------------------------------
+@pytest.mark.real
 @pytest.mark.skip(reason="needs the prompt cache across conversations (issue 29 item 2); the coordinator "
                          "removes this mark once it is merged")
 def test_opencode_interleaved_session_prefills_only_new_tokens(real_server, project):
