@@ -589,6 +589,14 @@ def test_serve_refuses_another_interface_without_a_key(tiny_target):
     assert result.exit_code == 2 and "--api-key" in result.output and "Traceback" not in result.output
 
 
+def test_the_server_imports_neither_the_tui_nor_rich_nor_typer():
+    """Its log line is plain text: the Rich TUI (and the CLI framework) stay out of the server process's imports."""
+    code = ("import sys, localspec.server.app, localspec.server.worker; "
+            "print(sorted(m for m in ('localspec.tui', 'rich', 'typer') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
 # -- the real pair ---------------------------------------------------------------------------------------
 @pytest.mark.real
 def test_real_pair_stream_whole_and_run_agree(qwen_pair):
