@@ -20,10 +20,9 @@ from dataclasses import dataclass, replace
 from localspec.conversation import TEMPLATE_KEY, Conversation
 from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
-from localspec.engine.stats import GenerationStats
+from localspec.engine.stats import GenerationStats, summary_line
 from localspec.engine.text import STOP_STRING, stream_text
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, TemplateError, UsageError
-from localspec.engine.stats import summary_line
 from localspec.server.reasoning import THINK_OPEN, ReasoningDelta, ReasoningSplitter, has_reasoning
 from localspec.server.request import APIError, GenerationRequest
 from localspec.server.results import cached_tokens
