@@ -22,7 +22,7 @@ from localspec.server.anthropic import parse_messages_request
 from localspec.server.openai import parse_chat_request
 from localspec.server.reasoning import ReasoningDelta, ReasoningSplitter
 from localspec.server.responses import parse_responses_request
-from tests.test_server import READ_TOOL, TIMEOUT_S, open_worker, serving, serving_template
+from tests.test_server import READ_TOOL, TIMEOUT_S, open_worker, serving_template
 from tests.tiny_models import QWEN3_CODER_TOOLS_TEMPLATE, QWEN_TOOLS_TEMPLATE
 
 SESSIONS = Path(__file__).parent / "data" / "agent-sessions"
