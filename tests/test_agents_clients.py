@@ -155,7 +155,8 @@ def run_client(argv: list[str], project: Path, env: dict[str, str]) -> subproces
     environment = {"PATH": os.environ["PATH"], "HOME": str(project / "home"), "LANG": "C.UTF-8", **env}
     result = subprocess.run(argv, cwd=project / "project", env=environment, capture_output=True, text=True,
                             timeout=CLIENT_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"{argv[0]} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{argv[0]} exited {result.returncode}:\n{result.stdout[-3000:]}\n" \
+                                   f"{result.stderr[-3000:]}"
     return result
 
 

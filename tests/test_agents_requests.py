@@ -172,7 +172,8 @@ def test_unknown_fields_anywhere_are_ignored(tools_server):
 
 # -- namespace tools ------------------------------------------------------------------------------------
 NAMESPACE = {"type": "namespace", "name": "fs", "description": "Files", "tools": [
-    {"type": "function", "name": "read_file", "description": "Read a file", "parameters": READ_TOOL["function"]["parameters"]}]}
+    {"type": "function", "name": "read_file", "description": "Read a file",
+     "parameters": READ_TOOL["function"]["parameters"]}]}
 
 
 def test_a_namespace_tool_is_called_back_under_the_clients_names(tools_server):
@@ -225,9 +226,11 @@ def test_reasoning_comes_back_the_way_each_api_carries_it(thinking_server):
     thought = whole.model_dump()["reasoning_content"]
     assert thought and not whole.content
     chunks = list(chat.create(model="m", messages=ask, max_tokens=8, stream=True))
-    assert "".join(c.choices[0].delta.model_dump().get("reasoning_content") or "" for c in chunks if c.choices) == thought
+    streamed = [c.choices[0].delta.model_dump().get("reasoning_content") for c in chunks if c.choices]
+    assert "".join(piece or "" for piece in streamed) == thought
 
-    messages = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="x", timeout=TIMEOUT_S, max_retries=0).messages
+    messages = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="x", timeout=TIMEOUT_S,
+                                   max_retries=0).messages
     message = messages.create(model="m", max_tokens=8, messages=ask, thinking={"type": "adaptive"})
     assert [(b.type, b.thinking) for b in message.content] == [("thinking", thought)]
     with messages.stream(model="m", max_tokens=8, messages=ask) as stream:

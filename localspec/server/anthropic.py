@@ -64,7 +64,8 @@ def _thinking(thinking: object) -> bool | None:
         return None
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if kind not in ("enabled", "adaptive", "disabled"):
-        raise invalid("'thinking' must be {\"type\": \"enabled\"}, {\"type\": \"adaptive\"} or {\"type\": \"disabled\"}")
+        raise invalid("'thinking' must be {\"type\": \"enabled\"}, {\"type\": \"adaptive\"} or "
+                      "{\"type\": \"disabled\"}")
     return kind != "disabled"
 
 
@@ -233,7 +234,8 @@ class MessagesFormat:
                 events.append(self._delta({"type": "input_json_delta", "partial_json": event.arguments}))
             return events
         if isinstance(event, ReasoningDelta):
-            events = [] if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
+            opened = self._open == "thinking"
+            events = [] if opened else self._start({"type": "thinking", "thinking": "", "signature": ""})
             return events + [self._delta({"type": "thinking_delta", "thinking": event.text})]
         events = [] if self._open == "text" else self._start({"type": "text", "text": ""})
         return events + [self._delta({"type": "text_delta", "text": event.text})]
