@@ -115,17 +115,25 @@ class Conversation:
 
 
 def fit_system_messages(template: str, messages: list[dict]) -> list[dict]:
-    """``messages`` with their system messages where ``template`` shows them.
+    """``messages`` with their system messages where the model reads them best and ``template`` shows them.
 
-    Agents send system messages between turns (Claude Code's environment, Codex's developer notes). A
-    template that shows only a leading system message gets the leading ones joined into one, and each later
-    one put before the next user turn (or as a user turn of its own when none follows).
+    Agents send system messages between turns (Claude Code's environment after the user's request, Codex's
+    developer notes). One that follows user or tool turns goes before them, so the model answers those
+    turns rather than continue a system message, and a conversation's prompt only grows at its end. A
+    template that shows only a leading system message gets the leading ones joined into one, and each
+    later one put before the next user turn (or as a user turn of its own when none follows).
     """
-    if not any(m["role"] == "system" for m in messages[1:]) or shows_late_system(template):
-        return messages
+    ordered: list[dict] = []
+    for message in messages:
+        at = len(ordered)
+        while message["role"] == "system" and at and ordered[at - 1]["role"] in ("user", "tool"):
+            at -= 1
+        ordered.insert(at, message)
+    if not any(m["role"] == "system" for m in ordered[1:]) or shows_late_system(template):
+        return ordered
     out: list[dict] = []
     waiting: list[str] = []  # late system texts for the next user turn
-    for message in messages:
+    for message in ordered:
         if message["role"] == "system" and all(m["role"] == "system" for m in out):
             out = [{"role": "system", "content": "\n\n".join([*(m["content"] for m in out), message["content"]])}]
         elif message["role"] == "system":

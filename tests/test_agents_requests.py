@@ -108,6 +108,17 @@ def test_system_messages_stay_where_the_template_shows_them():
     assert fit_system_messages(QWEN_TOOLS_TEMPLATE, LATE_SYSTEM) == LATE_SYSTEM
 
 
+def test_a_system_message_after_user_or_tool_turns_goes_before_them():
+    """Claude Code sends its environment after the user's request: the model must answer the request."""
+    user, env = {"role": "user", "content": "u"}, {"role": "system", "content": "env"}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": {}}}]}
+    result = {"role": "tool", "tool_call_id": "c", "content": "r"}
+    assert fit_system_messages(QWEN_TOOLS_TEMPLATE, [user, env]) == [env, user]
+    # The next turn's prompt starts with the first one's: the cache keeps it.
+    assert fit_system_messages(QWEN_TOOLS_TEMPLATE, [user, env, call, result, env]) == [env, user, call, env, result]
+
+
 def test_a_template_that_reads_one_system_message_gets_the_others_with_the_next_user_turn():
     assert not shows_late_system(QWEN3_CODER_TOOLS_TEMPLATE)
     fitted = fit_system_messages(QWEN3_CODER_TOOLS_TEMPLATE, LATE_SYSTEM)
