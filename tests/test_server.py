@@ -204,10 +204,11 @@ def test_disconnect_stops_the_generation_and_leaves_the_caches_consistent(tiny_t
     with serving(worker) as server:
         body = {"model": "tiny", "messages": messages(), "stream": True, "temperature": 0, "max_tokens": n_ctx}
         with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=TIMEOUT_S) as response:
-            lines = response.iter_lines()
+            lines = (line for line in response.iter_lines() if line)
             assert next(lines).startswith("data: ")  # the opening chunk
-            next(lines)
-            assert next(lines).startswith("data: ")  # generation is under way
+            # Before the prefill, and after each of its chunks: an SSE comment, so a long prefill is no silence.
+            assert next(lines).startswith(": prefill 0/")
+            assert next(line for line in lines if not line.startswith(":")).startswith("data: ")  # generating
         wait_until_idle(server)
         stats = worker.decoder.stats
         # Closed early (no stop reason), long before the context filled up.

@@ -31,7 +31,7 @@ from localspec.server import anthropic, openai, responses
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.request import APIError, GenerationRequest
 from localspec.server.results import now
-from localspec.server.worker import Event, Failed, GenerationWorker, Job
+from localspec.server.worker import Event, Failed, GenerationWorker, Job, Prefilling
 from localspec.tool_calls import CallDelta, TextDelta
 
 # What a job emits while it answers (the rest are Finished or Failed).
@@ -202,15 +202,17 @@ async def _answer(request: Request, worker: GenerationWorker, generation: Genera
     worker.submit(job)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        # Errors found before the first token (context too long, a template refusing the chat) are
-        # still proper HTTP errors, so wait for the first event before choosing the response.
+        # Errors found before the prefill (context too long, a template refusing the chat, a schema the
+        # grammar cannot take) are still proper HTTP errors, so wait for the first event before choosing
+        # the response; a stream then starts at once, so a long prefill never looks like a dead server.
         first = await _next(events, gone, job)
         if isinstance(first, Failed):
             raise first.error
         if not generation.stream:
             answer, event = [], first
-            while isinstance(event, ANSWER_EVENTS):
-                answer.append(event)
+            while isinstance(event, (*ANSWER_EVENTS, Prefilling)):
+                if not isinstance(event, Prefilling):
+                    answer.append(event)
                 event = await _next(events, gone, job)
             if isinstance(event, Failed):
                 raise event.error
@@ -252,8 +254,10 @@ async def _sse(fmt, first: Event, events: asyncio.Queue, job: Job):
     try:
         yield sse(fmt.stream_start())
         event = first
-        while isinstance(event, ANSWER_EVENTS):
-            yield sse(fmt.stream_event(event))
+        while isinstance(event, (*ANSWER_EVENTS, Prefilling)):
+            # An SSE comment, which clients skip: it keeps idle-timeouts from cutting a long prefill.
+            yield f": prefill {event.done}/{event.total}\n\n" if isinstance(event, Prefilling) else sse(
+                fmt.stream_event(event))
             event = await events.get()
         if isinstance(event, Failed):
             yield sse([fmt.stream_error(event.error)])

@@ -49,7 +49,16 @@ class Failed:
     error: APIError
 
 
-Event = TextDelta | CallDelta | ReasoningDelta | Finished | Failed
+@dataclass(frozen=True)
+class Prefilling:
+    """The request passed every check and its prompt is being evaluated (sent again after each chunk):
+    a stream may begin, and a client waiting through a long prefill hears the server is alive."""
+
+    done: int
+    total: int
+
+
+Event = TextDelta | CallDelta | ReasoningDelta | Prefilling | Finished | Failed
 
 
 class _Cancelled(Exception):
@@ -242,9 +251,12 @@ class GenerationWorker:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
+            job.emit(Prefilling(done, total))
 
+        constraint = self._constraint(request)
+        job.emit(Prefilling(0, len(prompt)))
         steps = decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                 prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
+                                 prefill_progress=abandon_if_cancelled, constraint=constraint)
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
         splitter = ReasoningSplitter(opened=reasoning_opened) if self.thinks and request.messages else None
