@@ -28,6 +28,11 @@ def test_text_whole_and_streamed_equal_the_chat_completion(tiny_server):
     assert whole.object == "response" and whole.id.startswith("resp") and whole.usage.output_tokens > 0
     assert whole.model_extra["timings"]["method"] == "auto"
     kinds = [e.type for e in events]
+    # The prefill's keepalives are more response.in_progress events, before the first item.
+    first_item = kinds.index("response.output_item.added")
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert set(kinds[2:first_item]) <= {"response.in_progress"}
+    kinds = kinds[:1] + kinds[first_item - 1:]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}

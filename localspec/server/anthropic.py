@@ -240,6 +240,9 @@ class MessagesFormat:
         events = [] if self._open == "text" else self._start({"type": "text", "text": ""})
         return events + [self._delta({"type": "text_delta", "text": event.text})]
 
+    def stream_keepalive(self) -> list:
+        return [("ping", {"type": "ping"})]
+
     def stream_end(self, done) -> list:
         events = self._close() if self._block >= 0 else self._start({"type": "text", "text": ""}) + self._close()
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(done), "stop_sequence": done.stop},

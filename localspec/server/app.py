@@ -188,7 +188,8 @@ async def _read_json(request: Request, limit: int) -> object:
 # -- answering -------------------------------------------------------------------------------------
 async def _answer(request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt) -> Response:
     """Queue ``generation`` and answer it in ``fmt``, the API's format (``response`` for a whole answer;
-    ``stream_start``, ``stream_event``, ``stream_end`` and ``stream_error`` give (event name, payload) pairs)."""
+    ``stream_start``, ``stream_event``, ``stream_keepalive``, ``stream_end`` and ``stream_error`` give
+    (event name, payload) pairs)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -255,9 +256,12 @@ async def _sse(fmt, first: Event, events: asyncio.Queue, job: Job):
         yield sse(fmt.stream_start())
         event = first
         while isinstance(event, (*ANSWER_EVENTS, Prefilling)):
-            # An SSE comment, which clients skip: it keeps idle-timeouts from cutting a long prefill.
-            yield f": prefill {event.done}/{event.total}\n\n" if isinstance(event, Prefilling) else sse(
-                fmt.stream_event(event))
+            if isinstance(event, Prefilling):
+                # An SSE comment (every client skips it) and the API's own keepalive event if it has one, so
+                # an idle timeout never cuts a long prefill.
+                yield f": prefill {event.done}/{event.total}\n\n" + sse(fmt.stream_keepalive())
+            else:
+                yield sse(fmt.stream_event(event))
             event = await events.get()
         if isinstance(event, Failed):
             yield sse([fmt.stream_error(event.error)])

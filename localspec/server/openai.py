@@ -250,6 +250,9 @@ class ChatFormat:
             return [(None, self._chunk({"reasoning_content": event.text}))]
         return [(None, self._chunk({"content": event.text}))]
 
+    def stream_keepalive(self) -> list:
+        return []  # OpenAI's streams have no keepalive event; the SSE comment does
+
     def stream_end(self, done) -> list:
         last = {**self._head("chat.completion.chunk"),
                 "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(done)}],
@@ -292,6 +295,9 @@ class CompletionFormat:
 
     def stream_event(self, event) -> list:
         return [(None, self._chunk(event.text))]
+
+    def stream_keepalive(self) -> list:
+        return []
 
     def stream_end(self, done) -> list:
         last = {**self._body("", finish_reason(done)), "timings": timings(done.stats, done.method)}

@@ -274,6 +274,9 @@ class ResponsesFormat:
         return events + [self._event("response.output_text.delta", item_id=self._items[index]["id"],
                                      output_index=index, content_index=0, delta=event.text, logprobs=[])]
 
+    def stream_keepalive(self) -> list:
+        return [self._event("response.in_progress", response=self._response("in_progress", self._items))]
+
     def stream_end(self, done) -> list:
         events = self._finish_item()
         final = self._response("completed", self._items, done)
