@@ -39,7 +39,7 @@ from tests.test_server import open_worker, serving
 
 # Claude Code's first prompt with its default tools is 12k-19k tokens; the tests offer it fewer tools.
 N_CTX = 16384
-CLIENT_TIMEOUT_S = 900
+CLIENT_TIMEOUT_S = 1500
 # The file the tool round trip reads, and the word only its content holds.
 NOTES = "notes.txt"
 CODE_WORD = "PELICAN-42"
