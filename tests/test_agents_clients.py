@@ -35,6 +35,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from localspec.engine.backend import common_prefix_length
+from tests.test_agents_requests import translate
 from tests.test_server import open_worker, serving
 
 # Claude Code's first prompt with its default tools is 12k-19k tokens; the tests offer it fewer tools.
@@ -270,8 +271,6 @@ def test_opencode_interleaved_session_prefills_only_new_tokens(real_server, proj
         opencode(url, project, TEXT_TASK)
         opencode(url, project, "And of Italy? One word.")
     answered(recorder)
-    from tests.test_agents_requests import translate
-
     earlier: list[list[int]] = []
     for record in recorder.requests:
         prompt, _ = real_server.worker._prompt(translate(record))
