@@ -44,7 +44,8 @@ CLIENT_TIMEOUT_S = 1500
 # The file the tool round trip reads, and the word only its content holds.
 NOTES = "notes.txt"
 CODE_WORD = "PELICAN-42"
-TOOL_TASK = f"Read the file {NOTES} with your file-reading tool and tell me the code word written in it."
+# The tool task names each client's own way to read a file: a 1.5B model does not find it alone.
+TOOL_TASK = "Read the file {notes} with {tool} and tell me the code word written in it."
 TEXT_TASK = "Reply with one word: what is the capital of France?"
 
 
@@ -237,8 +238,9 @@ def test_the_readme_shows_what_these_tests_run():
 
 # -- the turns -----------------------------------------------------------------------------------------
 # Each client: how to run it, and the one endpoint it uses.
-CLIENTS = {"claude-code": (claude, "/v1/messages?beta=true"), "codex": (codex, "/v1/responses"),
-           "opencode": (opencode, "/v1/chat/completions")}
+CLIENTS = {"claude-code": (claude, "/v1/messages?beta=true", "the Read tool"),
+           "codex": (codex, "/v1/responses", f"the exec_command tool (run `cat {NOTES}`)"),
+           "opencode": (opencode, "/v1/chat/completions", "the read tool")}
 
 
 # What each turn asks, and what its answer must hold.
@@ -250,10 +252,10 @@ TURNS = {"text": (TEXT_TASK, "paris"), "tool": (TOOL_TASK, CODE_WORD.lower())}
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn):
     """The tool turn: the client runs its file-reading tool and sends the file back; the answer quotes it."""
-    run, path = CLIENTS[client]
+    run, path, tool = CLIENTS[client]
     task, expected = TURNS[turn]
     with recording(real_server, client) as (recorder, url):
-        answer = run(url, project, task)
+        answer = run(url, project, task.format(notes=NOTES, tool=tool))
     answered(recorder)
     assert {r["path"] for r in recorder.requests} == {path}
     assert expected in answer.lower()
