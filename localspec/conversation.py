@@ -13,7 +13,7 @@ from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.text import TextPiece
 from localspec.errors import PromptTooLong, UsageError
-from localspec.gguf.templates import render_chat
+from localspec.gguf.templates import has_thinking_switch, render_chat, shows_late_system
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -36,11 +36,12 @@ class Conversation:
         self.messages.clear()
 
     def render_text(
-        self, messages: list[dict] | None = None, *, tools: list[dict] | None = None
+        self, messages: list[dict] | None = None, *, tools: list[dict] | None = None, thinking: bool | None = None,
     ) -> tuple[str, bool]:
         """The prompt text of ``messages`` (default: the conversation so far) and whether a BOS goes before it.
 
-        ``tools``: OpenAI function tools, handed to the template's own ``tools`` variable.
+        ``tools``: OpenAI function tools, handed to the template's own ``tools`` variable. ``thinking``:
+        the template's thinking switch, where it has one (None: the template's default).
         """
         messages = self.messages if messages is None else messages
         if not self.chat:
@@ -48,14 +49,18 @@ class Conversation:
         bos = self.model.token_bytes(self.model.bos_id).decode("utf-8", "replace") if self.model.bos_id >= 0 else ""
         eos = self.model.token_bytes(self.model.eos_id).decode("utf-8", "replace") if self.model.eos_id >= 0 else ""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        text = render_chat(self.template, system + messages, add_generation_prompt=True, tools=tools or None,
-                           bos_token=bos, eos_token=eos)
+        switches = {"enable_thinking": thinking} if thinking is not None and has_thinking_switch(self.template) else {}
+        text = render_chat(self.template, fit_system_messages(self.template, system + messages),
+                           add_generation_prompt=True, tools=tools or None, bos_token=bos, eos_token=eos, **switches)
         # Templates that write the BOS text themselves must not get a second one from the tokenizer.
         return text, self.model.add_bos and not (bos and text.startswith(bos))
 
     def render(self, messages: list[dict], *, tools: list[dict] | None = None) -> list[int]:
         """Prompt tokens for ``messages`` (after the system prompt, if any), ending with the assistant's turn."""
-        text, add_bos = self.render_text(messages, tools=tools)
+        return self.tokenize(*self.render_text(messages, tools=tools))
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        """Tokens of a rendered prompt (its chat markers as the special tokens they stand for)."""
         return self.model.tokenize(text, add_bos=add_bos, special=True)
 
     def prompt_tokens(self, reserve: int) -> list[int]:
@@ -101,3 +106,37 @@ class Conversation:
                 yield piece
         finally:
             self.messages.append({"role": "assistant", "content": "".join(answer)})
+
+
+def fit_system_messages(template: str, messages: list[dict]) -> list[dict]:
+    """``messages`` with their system messages where the model reads them best and ``template`` shows them.
+
+    Agents send system messages between turns (Claude Code's environment after the user's request, Codex's
+    developer notes). One that follows user or tool turns goes before them, so the model answers those
+    turns rather than continue a system message, and a conversation's prompt only grows at its end. A
+    template that shows only a leading system message gets the leading ones joined into one, and each
+    later one put before the next user turn (or as a user turn of its own when none follows).
+    """
+    ordered: list[dict] = []
+    for message in messages:
+        at = len(ordered)
+        while message["role"] == "system" and at and ordered[at - 1]["role"] in ("user", "tool"):
+            at -= 1
+        ordered.insert(at, message)
+    if not any(m["role"] == "system" for m in ordered[1:]) or shows_late_system(template):
+        return ordered
+    out: list[dict] = []
+    waiting: list[str] = []  # late system texts for the next user turn
+    for message in ordered:
+        if message["role"] == "system" and all(m["role"] == "system" for m in out):
+            out = [{"role": "system", "content": "\n\n".join([*(m["content"] for m in out), message["content"]])}]
+        elif message["role"] == "system":
+            waiting.append(message["content"])
+        elif message["role"] == "user" and waiting:
+            out.append({**message, "content": "\n\n".join([*waiting, message["content"]])})
+            waiting = []
+        else:
+            out.append(message)
+    if waiting:
+        out.append({"role": "user", "content": "\n\n".join(waiting)})
+    return out

@@ -161,17 +161,23 @@ class ToolCallParser:
 
     Text that could be the start of a call is held back until it is known not to be. A hermes call
     streams its arguments as they come (all but the wrapper's closing brace); other syntaxes give each
-    call whole when it closes or the answer ends. Like llama.cpp, a hermes answer that *starts* with a
-    bare or fenced ``{"name": ...}`` object is a call too (Qwen2.5-Coder answers that way). A call naming
-    none of ``tools`` (OpenAI function tools; None: any name) is not a call: its text, wrapper included,
-    is the answer's text. Their schemas say which Qwen3-Coder values are bare strings.
+    call whole when it closes or the answer ends. A call naming none of ``tools`` (OpenAI function tools;
+    None: any name) is not a call: its text, wrapper included, is the answer's text. Their schemas say
+    which Qwen3-Coder values are bare strings.
+
+    Like llama.cpp, a hermes answer that *starts* with a bare or fenced JSON object is a call too
+    (Qwen2.5-Coder answers that way), but only an object of exactly ``name`` and ``arguments`` whose name
+    is an offered tool and whose arguments fit its schema (``fits_schema``); it is read whole when it
+    closes. Anything else, such as an object that also carries a tool's ``response``, is text.
     """
 
     def __init__(self, syntax: ToolSyntax, tools: list[dict] | None = None) -> None:
         self.syntax = syntax
         self.names = None if tools is None else {t["function"]["name"] for t in tools}
         self._bare = {t["function"]["name"]: _bare_strings(t["function"]) for t in tools or ()}
+        self._schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()}
         self.calls = 0
+        self._untagged = False  # the open call is a bare or fenced object, read whole when it closes
         self._held = ""
         # "start" (a call may open the answer), "text", "prose" (text that cannot hold a call),
         # "call" (inside one) or "between" (after a call: only another call may follow)
@@ -215,7 +221,7 @@ class ToolCallParser:
                 opener = self.syntax.opener
                 at = self._held.find(opener)
                 if at < 0:
-                    keep = 0 if final else _partial_suffix(self._held, opener)
+                    keep = 0 if final else partial_suffix(self._held, opener)
                     if self._mode == "text" and len(self._held) > keep:
                         out.append(TextDelta(self._held[: len(self._held) - keep]))
                         self._held = self._held[len(self._held) - keep:]
@@ -230,12 +236,17 @@ class ToolCallParser:
                 end = self._held.find(closer) if closer else -1
                 block = self._held if end < 0 else self._held[:end]
                 closed = end >= 0 or final
-                if self.syntax.family in ("hermes", "generic"):
+                if self._untagged:
+                    if not closed:
+                        return
+                    if not self._untagged_call(out, block):
+                        self._reject()
+                elif self.syntax.family in ("hermes", "generic"):
                     self._stream_hermes(out, block, closed=closed)
                 elif closed:
                     self._emit_whole(out, block)
                 if self._mode == "prose":
-                    continue  # the call named no offered tool: its text goes out as prose
+                    continue  # not a call of an offered tool: its text goes out as prose
                 if not closed:
                     return
                 self._held = "" if end < 0 else self._held[end + len(closer):]
@@ -263,6 +274,7 @@ class ToolCallParser:
         if match:
             fence = match.group(1)
             self._enter_call(blanks + stripped.index("{", len(fence or "")), "```" if fence else None)
+            self._untagged = True
         elif not final and stripped[:1] in ("", "`", "{") and len(stripped) < _BARE_CALL_LOOKAHEAD:
             return False
         else:
@@ -273,6 +285,24 @@ class ToolCallParser:
         """The open call names no offered tool: it was text, and so is the rest of the answer."""
         self._held = self._entry + self._held
         self._mode = "prose"
+
+    def _untagged_call(self, out: list[Delta], block: str) -> bool:
+        """Emit a bare or fenced call whole; False when ``block`` is not one (see the class docstring)."""
+        try:
+            value = json.loads(block)
+        except ValueError:
+            return False
+        if not isinstance(value, dict) or set(value) != {"name", "arguments"}:
+            return False
+        name, arguments = value["name"], value["arguments"]
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return False
+        if self.names is not None and (name not in self.names or not fits_schema(arguments, self._schemas[name])):
+            return False
+        out.append(CallDelta(self.calls, json.dumps(arguments, ensure_ascii=False), id=new_call_id(), name=name))
+        self.calls += 1
+        self._untagged = False
+        return True
 
     def _stream_hermes(self, out: list[Delta], block: str, *, closed: bool) -> None:
         if not self._named:
@@ -305,8 +335,7 @@ class ToolCallParser:
     def _emit_whole(self, out: list[Delta], block: str) -> None:
         calls = _whole_calls(self.syntax, block, self._bare)
         if not calls or (self.names is not None and any(name not in self.names for name, _ in calls)):
-            if block.strip():
-                out.append(TextDelta(self._entry + block))  # not a call after all: the answer's text
+            self._reject()  # not a call after all: the answer's text, wrapper included
             return
         for name, arguments in calls:
             out.append(CallDelta(self.calls, arguments, id=new_call_id(), name=name))
@@ -350,6 +379,44 @@ def _whole_calls(syntax: ToolSyntax, block: str, bare: dict[str, set[str]]) -> l
     return result
 
 
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+               "object": dict, "null": type(None)}
+
+
+def fits_schema(value: object, schema: dict) -> bool:
+    """Whether ``value`` fits the parts of a JSON schema that tell a call from other JSON: the types, the
+    required and (with ``additionalProperties: false``) the only properties, enums; nested alike."""
+    if not isinstance(schema, dict):
+        return True
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        expected = tuple(t for name in types for t in _flat(_JSON_TYPES.get(name, object)))
+        # true is an int in Python, but not a JSON number; 1.0 is a JSON integer.
+        if isinstance(value, bool) and bool not in expected:
+            return False
+        if not isinstance(value, expected) and not ("integer" in types and isinstance(value, float)
+                                                    and value.is_integer()):
+            return False
+    values = _listed(schema)
+    if values is not None and value not in values:
+        return False
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        if any(key not in value for key in schema.get("required") or ()):
+            return False
+        if schema.get("additionalProperties") is False and any(key not in properties for key in value):
+            return False
+        return all(fits_schema(item, properties[key]) for key, item in value.items() if key in properties)
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return all(fits_schema(item, schema["items"]) for item in value)
+    return True
+
+
+def _flat(kind) -> tuple:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
 def _xml_value(text: str):
     # Qwen3-Coder writes strings bare and other values as JSON.
     try:
@@ -374,7 +441,7 @@ def _bare_strings(function: dict) -> set[str]:
     return {name for name, schema in properties.items() if isinstance(schema, dict) and _bare_string(schema)}
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of ``text`` that is a proper start of ``marker``."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):

@@ -106,10 +106,11 @@ def messages_body(**fields) -> dict:
 BAD_REQUESTS = [
     ("no max_tokens", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}),
     ("no messages", messages_body(messages=[])),
-    ("system role in messages", messages_body(messages=[{"role": "system", "content": "hi"}])),
+    ("a developer role in messages", messages_body(messages=[{"role": "developer", "content": "hi"}])),
     ("an image block", messages_body(messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}])),
-    ("a server tool", messages_body(tools=[{"type": "web_search_20250305", "name": "web_search"}])),
+    ("a client tool without a schema", messages_body(tools=[{"type": "bash_20250124", "name": "bash"}])),
+    ("thinking of an unknown type", messages_body(thinking={"type": "sometimes"})),
     ("a tool without a name", messages_body(tools=[{"input_schema": {"type": "object"}}])),
     ("a tool result for an unknown call", messages_body(messages=[{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_x", "content": "42"}]}])),

@@ -28,6 +28,11 @@ def test_text_whole_and_streamed_equal_the_chat_completion(tiny_server):
     assert whole.object == "response" and whole.id.startswith("resp") and whole.usage.output_tokens > 0
     assert whole.model_extra["timings"]["method"] == "auto"
     kinds = [e.type for e in events]
+    # The prefill's keepalives are more response.in_progress events, before the first item.
+    first_item = kinds.index("response.output_item.added")
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert set(kinds[2:first_item]) <= {"response.in_progress"}
+    kinds = kinds[:1] + kinds[first_item - 1:]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
@@ -85,7 +90,9 @@ BAD_REQUESTS = [
     ("no input", {"model": "tiny"}, "missing_input"),
     ("an image part", body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
      "invalid_value"),
-    ("a built-in tool", body(tools=[{"type": "web_search"}]), "invalid_tools"),
+    ("a client tool with free-form input", body(tools=[{"type": "custom", "name": "apply_patch"}]), "invalid_tools"),
+    ("a namespace holding a hosted tool", body(tools=[{"type": "namespace", "name": "n", "tools": [
+        {"type": "web_search"}]}]), "invalid_tools"),
     ("a function output for an unknown call", body(input=[
         {"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_x", "output": "1"}]),
      "unknown_tool_call_id"),

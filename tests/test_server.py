@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from localspec.cli.app import app as cli_app
 from localspec.engine.sampling import SamplingParams
 from localspec.server.app import LocalServer, make_app
-from localspec.server.schema import GenerationRequest
+from localspec.server.request import GenerationRequest
 from localspec.server.worker import GenerationWorker, Job
 from localspec.session import ModelOptions, Pair, open_decoder
 from tests.tiny_models import QWEN3_CODER_TOOLS_TEMPLATE, QWEN_TOOLS_TEMPLATE
@@ -204,10 +204,11 @@ def test_disconnect_stops_the_generation_and_leaves_the_caches_consistent(tiny_t
     with serving(worker) as server:
         body = {"model": "tiny", "messages": messages(), "stream": True, "temperature": 0, "max_tokens": n_ctx}
         with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=TIMEOUT_S) as response:
-            lines = response.iter_lines()
+            lines = (line for line in response.iter_lines() if line)
             assert next(lines).startswith("data: ")  # the opening chunk
-            next(lines)
-            assert next(lines).startswith("data: ")  # generation is under way
+            # Before the prefill, and after each of its chunks: an SSE comment, so a long prefill is no silence.
+            assert next(lines).startswith(": prefill 0/")
+            assert next(line for line in lines if not line.startswith(":")).startswith("data: ")  # generating
         wait_until_idle(server)
         stats = worker.decoder.stats
         # Closed early (no stop reason), long before the context filled up.
@@ -587,6 +588,14 @@ def test_serve_refuses_another_interface_without_a_key(tiny_target):
     result = CliRunner().invoke(cli_app, ["serve", "--target", str(tiny_target), "--host", "0.0.0.0"],
                                 env={"LOCALSPEC_API_KEY": ""})
     assert result.exit_code == 2 and "--api-key" in result.output and "Traceback" not in result.output
+
+
+def test_the_server_imports_neither_the_tui_nor_rich_nor_typer():
+    """Its log line is plain text: the Rich TUI (and the CLI framework) stay out of the server process's imports."""
+    code = ("import sys, localspec.server.app, localspec.server.worker; "
+            "print(sorted(m for m in ('localspec.tui', 'rich', 'typer') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
 # -- the real pair ---------------------------------------------------------------------------------------

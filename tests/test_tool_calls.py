@@ -11,7 +11,7 @@ from localspec.engine.constraints import GrammarConstraint, compact_json
 from localspec.errors import UsageError
 from localspec.tool_calls import (
     GENERIC, HERMES, LLAMA3, MISTRAL, QWEN3_CODER, CallDelta, TextDelta, ToolCallParser, call_grammar,
-    collect_calls, detect_syntax, generic_tool_messages,
+    collect_calls, detect_syntax, fits_schema, generic_tool_messages,
 )
 from tests.tiny_models import CHAT_TEMPLATE, QWEN_TOOLS_TEMPLATE
 
@@ -75,6 +75,47 @@ def test_answers_parse_into_content_and_calls_however_they_are_streamed(syntax, 
 @pytest.mark.parametrize("chunk", [1, 1000])
 def test_a_call_of_a_tool_not_offered_is_text(syntax, answer, chunk):
     assert parse(syntax, answer, chunk, tools=[TOOL]) == (answer, [])
+
+
+# After a tool result Qwen2.5-Coder 1.5B often "answers" with the call and its result in one object.
+NOT_CALLS = [
+    '{"name": "read_file", "arguments": {"path": "a.py"}, "response": "print(1)"}',
+    '```json\n{"name": "read_file", "arguments": {"path": "a.py"}, "response": "print(1)"}\n```\nDone.',
+    '{{"name": "read_file", "arguments": {"path": "a.py"}}}',
+    '<tool_call>\n{{"name": "read_file", "arguments": {"path": "a.py"}, "response": "print(1)"}}\n</tool_call>',
+    '{"name": "read_file", "arguments": {"file": "a.py"}}',  # the required "path" is missing
+    '{"name": "read_file", "arguments": {"path": 3}}',  # a number where the schema has a string
+    '{"name": "read_file", "arguments": "a.py"}',
+]
+
+
+@pytest.mark.parametrize("answer", NOT_CALLS)
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+def test_an_object_that_is_no_call_of_an_offered_tool_is_text(answer, chunk):
+    assert parse(HERMES, answer, chunk, tools=[TOOL]) == (answer, [])
+
+
+def test_an_untagged_call_is_read_whole_and_its_text_after_it_is_kept():
+    answer = '```json\n{"name": "read_file", "arguments": {"path": "a.py"}}\n```\nThis reads the file.'
+    text, [call] = parse(HERMES, answer, 5, tools=[TOOL])
+    assert (call.name, json.loads(call.arguments), text) == ("read_file", {"path": "a.py"}, "\nThis reads the file.")
+
+
+@pytest.mark.parametrize("value,schema,fits", [
+    ({"path": "a"}, TOOL["function"]["parameters"], True),
+    ({}, TOOL["function"]["parameters"], False),
+    ({"path": "a", "extra": 1}, {**TOOL["function"]["parameters"], "additionalProperties": False}, False),
+    ({"path": "a", "extra": 1}, TOOL["function"]["parameters"], True),
+    ({"n": 2.0}, {"type": "object", "properties": {"n": {"type": "integer"}}}, True),
+    ({"n": True}, {"type": "object", "properties": {"n": {"type": "integer"}}}, False),
+    ({"n": None}, {"type": "object", "properties": {"n": {"type": ["string", "null"]}}}, True),
+    ({"mode": "w"}, {"type": "object", "properties": {"mode": {"enum": ["r", "a"]}}}, False),
+    ({"lines": [1, "2"]}, {"type": "object", "properties": {"lines": {"type": "array", "items": {"type": "integer"}}}},
+     False),
+    ({"opts": {"deep": 1}}, {"type": "object", "properties": {"opts": {"type": "object", "required": ["x"]}}}, False),
+])
+def test_arguments_fit_a_schema_by_type_required_keys_and_enums(value, schema, fits):
+    assert fits_schema(value, schema) is fits
 
 
 def test_an_answer_opening_with_a_brace_or_fence_is_held_back_only_briefly():

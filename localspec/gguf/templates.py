@@ -127,6 +127,26 @@ def render_chat(
         raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
 
 
+# A probe's text, unlikely to be written by any template itself.
+_PROBE = "localspec-probe-7f3a"
+
+
+@functools.lru_cache(maxsize=16)
+def shows_late_system(template: str) -> bool:
+    """Whether ``template`` shows a system message that comes after the first turn (many only read the first)."""
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                {"role": "system", "content": _PROBE}, {"role": "user", "content": "v"}]
+    try:
+        return _PROBE in render_chat(template, messages)
+    except TemplateError:
+        return False
+
+
+def has_thinking_switch(template: str) -> bool:
+    """Whether ``template`` reads Qwen3's ``enable_thinking`` switch."""
+    return "enable_thinking" in template
+
+
 def _collect(chunks, max_chars: int) -> str:
     parts, size = [], 0
     for chunk in chunks:

@@ -1,6 +1,6 @@
 """The HTTP APIs: a Starlette app around a ``GenerationWorker``, served by uvicorn.
 
-OpenAI's chat completions (schema.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
+OpenAI's chat completions (openai.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
 (responses.py) each translate their body into the one ``GenerationRequest`` and the job's events back
 into their own format; nothing below knows which API asked. Handlers run on the event loop and never
 touch a model: they check the request, queue a ``Job`` and relay its events, as one JSON body or as
@@ -27,13 +27,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localspec.server import anthropic, responses, schema
-from localspec.server.schema import APIError, GenerationRequest
-from localspec.server.worker import Event, Failed, GenerationWorker, Job
+from localspec.server import anthropic, openai, responses
+from localspec.server.reasoning import ReasoningDelta
+from localspec.server.request import APIError, GenerationRequest
+from localspec.server.results import now
+from localspec.server.worker import Event, Failed, GenerationWorker, Job, Prefilling
 from localspec.tool_calls import CallDelta, TextDelta
 
 # What a job emits while it answers (the rest are Finished or Failed).
-ANSWER_EVENTS = (TextDelta, CallDelta)
+ANSWER_EVENTS = (TextDelta, CallDelta, ReasoningDelta)
 
 # Whole files and long histories fit easily; a runaway or hostile client cannot fill memory.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -78,20 +80,20 @@ def make_app(
     async def models(request: Request) -> Response:
         authorize(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": schema.now(), "owned_by": "localspec"}
+            {"id": model_name, "object": "model", "created": now(), "owned_by": "localspec"}
         ]})
 
     async def chat_completions(request: Request) -> Response:
         authorize(request)
-        generation = schema.parse_chat_request(await _read_json(request, max_body_bytes))
+        generation = openai.parse_chat_request(await _read_json(request, max_body_bytes))
         return await _answer(request, worker, generation,
-                             schema.ChatFormat(model_name, include_usage=generation.include_usage))
+                             openai.ChatFormat(model_name, include_usage=generation.include_usage))
 
     async def completions(request: Request) -> Response:
         authorize(request)
-        generation = schema.parse_completion_request(await _read_json(request, max_body_bytes))
+        generation = openai.parse_completion_request(await _read_json(request, max_body_bytes))
         return await _answer(request, worker, generation,
-                             schema.CompletionFormat(model_name, include_usage=generation.include_usage))
+                             openai.CompletionFormat(model_name, include_usage=generation.include_usage))
 
     async def messages(request: Request) -> Response:
         authorize(request)
@@ -186,7 +188,8 @@ async def _read_json(request: Request, limit: int) -> object:
 # -- answering -------------------------------------------------------------------------------------
 async def _answer(request: Request, worker: GenerationWorker, generation: GenerationRequest, fmt) -> Response:
     """Queue ``generation`` and answer it in ``fmt``, the API's format (``response`` for a whole answer;
-    ``stream_start``, ``stream_event``, ``stream_end`` and ``stream_error`` give (event name, payload) pairs)."""
+    ``stream_start``, ``stream_event``, ``stream_keepalive``, ``stream_end`` and ``stream_error`` give
+    (event name, payload) pairs)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -200,15 +203,17 @@ async def _answer(request: Request, worker: GenerationWorker, generation: Genera
     worker.submit(job)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        # Errors found before the first token (context too long, a template refusing the chat) are
-        # still proper HTTP errors, so wait for the first event before choosing the response.
+        # Errors found before the prefill (context too long, a template refusing the chat, a schema the
+        # grammar cannot take) are still proper HTTP errors, so wait for the first event before choosing
+        # the response; a stream then starts at once, so a long prefill never looks like a dead server.
         first = await _next(events, gone, job)
         if isinstance(first, Failed):
             raise first.error
         if not generation.stream:
             answer, event = [], first
-            while isinstance(event, ANSWER_EVENTS):
-                answer.append(event)
+            while isinstance(event, (*ANSWER_EVENTS, Prefilling)):
+                if not isinstance(event, Prefilling):
+                    answer.append(event)
                 event = await _next(events, gone, job)
             if isinstance(event, Failed):
                 raise event.error
@@ -250,8 +255,13 @@ async def _sse(fmt, first: Event, events: asyncio.Queue, job: Job):
     try:
         yield sse(fmt.stream_start())
         event = first
-        while isinstance(event, ANSWER_EVENTS):
-            yield sse(fmt.stream_event(event))
+        while isinstance(event, (*ANSWER_EVENTS, Prefilling)):
+            if isinstance(event, Prefilling):
+                # An SSE comment (every client skips it) and the API's own keepalive event if it has one, so
+                # an idle timeout never cuts a long prefill.
+                yield f": prefill {event.done}/{event.total}\n\n" + sse(fmt.stream_keepalive())
+            else:
+                yield sse(fmt.stream_event(event))
             event = await events.get()
         if isinstance(event, Failed):
             yield sse([fmt.stream_error(event.error)])

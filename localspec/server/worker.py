@@ -25,7 +25,9 @@ from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
 from localspec.gguf.memory import MemoryKind
 from localspec.prompt_cache import PromptCache, Restored
-from localspec.server.schema import APIError, GenerationRequest
+from localspec.server.reasoning import THINK_OPEN, ReasoningDelta, ReasoningSplitter, has_reasoning
+from localspec.server.request import APIError, GenerationRequest
+from localspec.server.results import cached_tokens
 from localspec.tool_calls import (
     GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
     detect_syntax, generic_tool_messages,
@@ -49,7 +51,16 @@ class Failed:
     error: APIError
 
 
-Event = TextDelta | CallDelta | Finished | Failed
+@dataclass(frozen=True)
+class Prefilling:
+    """The request passed every check and its prompt is being evaluated (sent again after each chunk):
+    a stream may begin, and a client waiting through a long prefill hears the server is alive."""
+
+    done: int
+    total: int
+
+
+Event = TextDelta | CallDelta | ReasoningDelta | Prefilling | Finished | Failed
 
 
 class _Cancelled(Exception):
@@ -104,6 +115,7 @@ class GenerationWorker:
         self.max_tokens = max_tokens
         template = decoder.target.metadata.get(TEMPLATE_KEY)
         self.has_chat_template = bool(template)
+        self.thinks = bool(template) and has_reasoning(template)
         self.tool_syntax = detect_syntax(template) if template else GENERIC
         if template and self.tool_syntax.generic:
             log.warning("the chat template of %s defines no tool-call syntax: tools are described in a system "
@@ -157,7 +169,7 @@ class GenerationWorker:
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """The prompt the model is given for ``request`` (for scripts/bench_agents.py's shared-prefix figures)."""
-        return self._prompt(request)
+        return self._prompt(request)[0]
 
     def _restore(self, prompt: list[int]) -> Restored | None:
         """Restore the cached states that skip the most of the prompt, the draft's too (it then catches up
@@ -219,20 +231,24 @@ class GenerationWorker:
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""
         try:
-            return len(self._prompt(request))
+            return len(self._prompt(request)[0])
         except TemplateError as exc:
             raise APIError(400, str(exc)) from None
 
-    def _prompt(self, request: GenerationRequest) -> list[int]:
+    def _prompt(self, request: GenerationRequest) -> tuple[list[int], bool]:
+        """The prompt's tokens, and whether it ends inside the model's reasoning (the template opened it)."""
         if request.messages is None:
-            return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}])
+            return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}]), False
         if not self.has_chat_template:
             raise APIError(400, f"{self.decoder.target.path.name} has no chat template; "
                                 "send raw text to /v1/completions instead")
         messages, tools = request.messages, request.offered_tools
         if self.tool_syntax.generic:
             messages = generic_tool_messages(messages, tools)
-        return Conversation(self.decoder).render(messages, tools=None if self.tool_syntax.generic else tools)
+        conversation = Conversation(self.decoder)
+        text, add_bos = conversation.render_text(messages, tools=None if self.tool_syntax.generic else tools,
+                                                 thinking=request.thinking)
+        return conversation.tokenize(text, add_bos), self.thinks and text.rstrip().endswith(THINK_OPEN)
 
     def _constraint(self, request: GenerationRequest):
         """The grammar a request's answer must follow, or None."""
@@ -258,7 +274,7 @@ class GenerationWorker:
 
     def _generate(self, job: Job) -> None:
         request, decoder = job.request, self.decoder
-        prompt = self._prompt(request)
+        prompt, reasoning_opened = self._prompt(request)
         restored = self._restore(prompt)
         # Without a limit, generate until the end of the answer or of the context window.
         max_tokens = request.max_tokens or self.max_tokens or decoder.target.n_ctx - len(prompt)
@@ -268,20 +284,32 @@ class GenerationWorker:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.
             if job.cancelled:
                 raise _Cancelled
+            job.emit(Prefilling(done, total))
             if done == total and decoder.target.memory_plan.memory != MemoryKind.KV:
                 # A recurrent state is restored only where it was saved, and the next turn re-renders this
                 # answer (perhaps not token for token): the whole prompt is the prefix it surely starts with.
                 self._keep(decoder.target)
 
+        # stream() refuses a prompt that cannot fit at once, before the answer's stream starts.
         text = decoder.stream(prompt, stop=request.stop, max_tokens=max_tokens, sampling=sampling,
                               prefill_progress=abandon_if_cancelled, constraint=self._constraint(request))
+        job.emit(Prefilling(0, len(prompt)))
         tools = request.offered_tools
         parser = ToolCallParser(self.tool_syntax, tools) if tools else None
+        splitter = ReasoningSplitter(opened=reasoning_opened) if self.thinks and request.messages else None
 
         def emit(deltas) -> None:
             for delta in deltas:
-                if isinstance(delta, TextDelta) or delta.index == 0 or request.parallel_tool_calls:
+                if not isinstance(delta, CallDelta) or delta.index == 0 or request.parallel_tool_calls:
                     job.emit(delta)  # a call past the first is answered only with parallel_tool_calls
+
+        def answer(pieces) -> None:
+            """The answer's text, split into reasoning, text and tool calls."""
+            for piece in pieces:
+                if isinstance(piece, ReasoningDelta):
+                    emit([piece])
+                else:
+                    emit(parser.feed(piece) if parser else [TextDelta(piece)])
 
         stop = None
         with closing(text) as pieces:
@@ -290,7 +318,9 @@ class GenerationWorker:
                     return
                 stop = piece.stop
                 if piece.text:
-                    emit(parser.feed(piece.text) if parser else [TextDelta(piece.text)])
+                    answer(splitter.feed(piece.text) if splitter else [piece.text])
+        if splitter:
+            answer(splitter.finish())
         if parser:
             emit(parser.finish())
         stats = decoder.stats
@@ -298,4 +328,4 @@ class GenerationWorker:
         cached = (f", {restored.tokens} restored from the prompt cache's {restored.source} in {restored.seconds:.2f} s"
                   if restored else "")
         log.info("%s | %d prompt tokens (%d reused%s) | %s", request.api, stats.prompt_tokens,
-                 stats.prompt_tokens - stats.prefill_tokens, cached, stats.summary_line())
+                 cached_tokens(stats), cached, stats.summary_line())
