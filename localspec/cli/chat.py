@@ -24,7 +24,6 @@ from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
 from localspec.engine.controller import check_method
 from localspec.engine.sampling import SamplingParams
-from localspec.engine.stats import summary_line
 from localspec.errors import LocalspecError, UsageError
 from localspec.tui import LiveView, stats_table
 

@@ -13,7 +13,6 @@ from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
-from localspec.engine.stats import summary_line
 from localspec.errors import ContextFullError, UsageError
 from localspec.tui import LiveView, PrefillBar
 
