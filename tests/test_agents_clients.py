@@ -35,6 +35,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from localspec.engine.backend import common_prefix_length
+from localspec.prompt_cache import DEFAULT_DISK_MIB, DEFAULT_RAM_MIB, MIB, PromptCache
 from tests.test_agents_requests import translate
 from tests.test_server import open_worker, serving
 
@@ -137,9 +138,12 @@ def recording(server, client: str):
 
 
 @pytest.fixture(scope="module")
-def real_server(qwen_pair):
+def real_server(qwen_pair, tmp_path_factory):
+    """The real pair served as `localspec serve` serves it: with the prompt cache across conversations."""
     target, draft = qwen_pair
-    with serving(open_worker(target, draft, n_ctx=N_CTX, threads=None)) as server:
+    cache = PromptCache(tmp_path_factory.mktemp("prompt-cache"), ram_bytes=DEFAULT_RAM_MIB * MIB,
+                        disk_bytes=DEFAULT_DISK_MIB * MIB)
+    with serving(open_worker(target, draft, n_ctx=N_CTX, threads=None, prompt_cache=cache)) as server:
         yield server
 
 
@@ -264,8 +268,6 @@ def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn):
 
 # -- an interleaved session ------------------------------------------------------------------------------
 @pytest.mark.real
-@pytest.mark.skip(reason="needs the prompt cache across conversations (issue 29 item 2); the coordinator "
-                         "removes this mark once it is merged")
 def test_opencode_interleaved_session_prefills_only_new_tokens(real_server, project):
     """Two ``opencode run``s in one project, each sending its title agent's request before its main one:
     every request prefills at most what no earlier request of the session shares with it, plus 64 tokens."""
@@ -275,7 +277,7 @@ def test_opencode_interleaved_session_prefills_only_new_tokens(real_server, proj
     answered(recorder)
     earlier: list[list[int]] = []
     for record in recorder.requests:
-        prompt, _ = real_server.worker._prompt(translate(record))
+        prompt = real_server.worker.prompt_tokens(translate(record))
         shared = max((common_prefix_length(prompt, tokens) for tokens in earlier), default=0)
         assert record["timings"]["prompt_n"] <= len(prompt) - shared + 64, record["timings"]
         earlier.append(prompt)

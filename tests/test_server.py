@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from localspec.cli.app import app as cli_app
 from localspec.engine.sampling import SamplingParams
+from localspec.prompt_cache import PromptCache
 from localspec.server.app import LocalServer, make_app
 from localspec.server.request import GenerationRequest
 from localspec.server.worker import GenerationWorker, Job
@@ -42,10 +43,10 @@ REAL_TIMEOUT_S = 600
 
 
 def open_worker(target: Path, draft: Path | None, *, n_ctx: int = N_CTX, max_queue: int = 8,
-                threads: int | None = 1) -> GenerationWorker:
+                threads: int | None = 1, prompt_cache: PromptCache | None = None) -> GenerationWorker:
     pair = Pair(target, draft, target.name)
     decoder = open_decoder(pair, ModelOptions(n_ctx=n_ctx, threads=threads), method="auto")
-    return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=max_queue)
+    return GenerationWorker(decoder, SamplingParams(temperature=0.0), max_queue=max_queue, prompt_cache=prompt_cache)
 
 
 @contextmanager
