@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+
+
+def debug_enabled() -> bool:
+    """LOCALSPEC_DEBUG=1: tracebacks and third-party logs (llama.cpp's, huggingface_hub's) on stderr."""
+    return bool(os.environ.get("LOCALSPEC_DEBUG"))
 
 class LocalspecError(Exception):
     """Base class: the message is one line that names the fix."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 import typer
 from typer.core import TyperGroup
@@ -11,9 +9,7 @@ from typer.core import TyperGroup
 from localspec import __version__
 from localspec.cli import commands
 from localspec.cli.console import err
-from localspec.errors import LocalspecError, PromptTooLong
-
-DEBUG_ENV = "LOCALSPEC_DEBUG"
+from localspec.errors import LocalspecError, PromptTooLong, debug_enabled
 
 
 class _Group(TyperGroup):
@@ -23,7 +19,7 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except LocalspecError as exc:
-            if os.environ.get(DEBUG_ENV):
+            if debug_enabled():
                 raise
             fix = "; use a larger --ctx or a shorter prompt" if isinstance(exc, PromptTooLong) else ""
             err.print(f"[bold red]error:[/] {exc}{fix}", markup=True, highlight=False)

@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from localspec.errors import debug_enabled
+
 _log_callback = None  # kept referenced: llama.cpp holds a raw pointer to it
 
 
@@ -26,7 +28,7 @@ def load_llama_cpp():
 
         @llama_cpp.llama_log_callback
         def callback(level, text, user_data):
-            if os.environ.get("LOCALSPEC_DEBUG"):
+            if debug_enabled():
                 sys.stderr.write(text.decode("utf-8", "replace"))
 
         _log_callback = callback

@@ -9,7 +9,7 @@ to a CDN, which must not see the token).
 from __future__ import annotations
 
 import logging
-import os
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
@@ -18,7 +18,7 @@ import httpx2
 from huggingface_hub.utils import http_backoff, http_stream_backoff
 
 from localspec import __version__
-from localspec.errors import StoreError
+from localspec.errors import StoreError, debug_enabled
 
 TIMEOUT_S = 30
 # Waits of 1, 2 and 4 s: a blip passes, a server that stays broken fails within seconds.
@@ -32,7 +32,7 @@ USER_AGENT = f"localspec/{__version__}"
 # huggingface_hub logs every failed try on stderr ("'[Errno -2] Name or service not known' thrown while requesting
 # HEAD https://huggingface.co", once per file where the Hub does not resolve); the store reports its failures
 # itself, in one line, so the library's log shows only with LOCALSPEC_DEBUG (configured at its import, above).
-if not os.environ.get("LOCALSPEC_DEBUG"):
+if not debug_enabled():
     logging.getLogger("huggingface_hub").setLevel(logging.CRITICAL + 1)
 
 
