@@ -10,7 +10,7 @@ model, no answer history), for `--method lookup`, and for stock llama.cpp's ngra
 drafts the 48 tokens that followed it) replayed the same way. Replayed figures leave out Python overhead
 and machine noise: they rank changes, `localspec bench` measures them.
 
-    .venv/bin/python scripts/replay_lookup.py --record /tmp/replay/answers.json   # about 5 minutes
+    .venv/bin/python scripts/replay_lookup.py --record /tmp/replay/answers.json   # about 5 minutes alone
     .venv/bin/python scripts/replay_lookup.py /tmp/replay/answers.json [--max-tokens 96]
 
 ``record`` also serves scripts/replay_suffix.py, for the agent-repeat slice.
@@ -27,7 +27,7 @@ import numpy as np
 from bench_engine import pass_costs
 
 import localspec.engine.decoder
-from localspec.bench.runner import BASELINE, BenchRunner, BenchSettings
+from localspec.bench.runner import BASELINE, DEFAULT_WARMUP_TOKENS, BenchRunner, BenchSettings
 from localspec.bench.workloads import select, shipped_prompts
 from localspec.engine.backend import common_prefix_length
 from localspec.engine.decoder import SpeculativeDecoder
@@ -42,19 +42,35 @@ RECORD_TOKENS = 256
 COST_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def record(path: str, workloads: list[str] | None = None, max_tokens: int = RECORD_TOKENS) -> None:
-    """Greedy answers of target alone to the shipped prompts (of ``workloads``; None: the default slices)."""
-    decoder = open_decoder(resolve_pair(profile=DEFAULT_PROFILE), ModelOptions(), method="none", history=False)
-    costs, _ = pass_costs(decoder.target, sizes=COST_SIZES)
+def record(
+    path: str,
+    workloads: list[str] | None = None,
+    max_tokens: int = RECORD_TOKENS,
+    *,
+    threads: int | None = None,
+    per_slice: int | None = None,
+    costs_file: str | None = None,
+) -> None:
+    """Greedy answers of target alone to the shipped prompts (of ``workloads``; None: the default slices;
+    ``per_slice`` of each), and the target's pass costs (measured, or read from ``costs_file``: a JSON
+    object of seconds by batch size, for a machine too busy to measure them)."""
+    decoder = open_decoder(resolve_pair(profile=DEFAULT_PROFILE), ModelOptions(threads=threads), method="none",
+                           history=False)
+    if costs_file:
+        with open(costs_file) as handle:
+            costs = {int(size): float(seconds) for size, seconds in json.load(handle).items()}
+    else:
+        costs, _ = pass_costs(decoder.target, sizes=COST_SIZES)
     runner = BenchRunner(decoder, BenchSettings([BASELINE], max_tokens=max_tokens))
     answers = []
-    for prompt in select(shipped_prompts(), workloads):
+    for prompt in select(shipped_prompts(), workloads, per_workload=per_slice):
         item = runner.prepare(prompt)
         decoder.target.reset()
         steps = decoder.generate(item.tokens, max_tokens=max_tokens)
         answer = [token for step in steps for token in step.tokens]
         answers.append({"workload": prompt.workload, "id": prompt.id, "prompt": item.tokens, "answer": answer})
-        print(f"{prompt.workload}/{prompt.id}: {len(item.tokens)} prompt tokens, {len(answer)} answer tokens")
+        print(f"{prompt.workload}/{prompt.id}: {len(item.tokens)} prompt tokens, {len(answer)} answer tokens",
+              flush=True)
     with open(path, "w") as handle:
         json.dump({"pass_s": costs, "answers": answers}, handle)
 
@@ -153,9 +169,15 @@ class Replay:
         localspec.engine.decoder.perf_counter = self.clock
 
     def decoder(self, method: str = "auto", history: HistoryStore | None = None) -> SpeculativeDecoder:
-        """One per session, as bench keeps its decoders across prompts."""
-        return SpeculativeDecoder(ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock), method=method,
-                                  history=history)
+        """One per session, as bench keeps its decoders across prompts, warmed up as bench warms them up
+        (its first measurements of one-token passes)."""
+        decoder = SpeculativeDecoder(ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock), method=method,
+                                     history=history)
+        answers = history or HistoryStore(None)  # the warm-up learns nothing, as in bench
+        learning, answers.learning = answers.learning, False
+        self.run(decoder, self.answers[0], DEFAULT_WARMUP_TOKENS)
+        answers.learning = learning
+        return decoder
 
     def run(self, decoder: SpeculativeDecoder, answer: dict, max_tokens: int) -> tuple[float, int, int]:
         """(speedup over target alone, drafted, accepted) of one answer."""
@@ -214,9 +236,13 @@ def main() -> None:
     parser.add_argument("answers", nargs="?", help="a file written by --record")
     parser.add_argument("--record", metavar="FILE", help="record the target's greedy answers and pass costs")
     parser.add_argument("--max-tokens", type=int, default=RECORD_TOKENS)
+    parser.add_argument("--threads", type=int, help="recording: target threads (default: the machine's)")
+    parser.add_argument("--per-slice", type=int, help="recording: prompts per slice (default: all)")
+    parser.add_argument("--pass-costs", metavar="FILE", help="recording: pass seconds by batch size, not measured")
     args = parser.parse_args()
     if args.record:
-        record(args.record)
+        record(args.record, max_tokens=args.max_tokens, threads=args.threads, per_slice=args.per_slice,
+               costs_file=args.pass_costs)
     elif args.answers:
         report(args.answers, args.max_tokens)
     else:

@@ -5,9 +5,11 @@ Costs are measured (costs.py), acceptance is a running estimate per drafter (est
 tokens yields ``expected_tokens`` for one target pass of k + 1 tokens plus, for a model drafter, k draft
 steps; the target alone yields one token for a pass of one. Where nothing beats the target alone, it
 does not speculate, except for a bounded exploration: a copy drafter whose estimate may be too low (its
-hopeful rate would pay) is tried while what such probes lost in this answer stays under ``EXPLORE_SHARE``
-of the time the target alone would have taken for its tokens so far, so a prior that is wrong on this
-CPU gets measured instead of written off.
+hopeful rate would pay) is tried with a short draft while what such probes lost in this answer (net of
+what they gained) stays under ``EXPLORE_SHARE`` of the time the target alone would have taken for its
+tokens so far, so a prior that is wrong on this CPU gets measured instead of written off. Replayed with
+a steep small-batch cost curve (scripts/replay_lookup.py, bench --quick's prompts, 96 tokens), json went
+from 1.09x to 1.17x and summarize from 1.15x to 1.24x, where --method lookup ran 1.15x and 1.23x.
 
 A model drafter's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
 it, so in ``auto`` it is used only when its saving per token over the answer's expected remaining length
@@ -46,9 +48,10 @@ MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus th
 DEFAULT_DRAFT_MAX = 16
 # An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
 MIN_EXPECTED_REMAINING = 32
-# Exploration may lose at most this share of the time the target alone would take for an answer's tokens
-# (give or take the last probe).
+# Exploration may lose at most this share of the time the target alone would take for an answer's tokens.
 EXPLORE_SHARE = 0.01
+# A probe drafts at most this many tokens: it measures the short match it starts from, at little cost.
+PROBE_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -195,9 +198,9 @@ class Controller:
         if self._probe_pending:
             self._probe_pending = False
             spent = (self.round_seconds(source, drafted) or 0.0) + self.costs.overhead
-            # A probe that paid earns nothing back: its drafter's estimate rises, so it is drafted from
-            # without exploring.
-            loss = max(0.0, spent - (accepted + 1) / self._none_rate())
+            # A probe that paid funds the next ones in this answer: a drafter whose prior is wrong here
+            # keeps being tried while it pays, and the answer as a whole never loses more than the budget.
+            loss = spent - (accepted + 1) / self._none_rate()
             self._answer_loss += loss
             self._explore_loss += loss
         for estimates in self._copies.values():
@@ -270,26 +273,31 @@ class Controller:
         return model.declined or "in use: expected to beat the target alone at the latest choice"
 
     # -- decisions -------------------------------------------------------------------------------
-    def _best(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
-        """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
-        best_k, best_rate = 0, -1.0
-        totals = expected_tokens(rates)
-        window = self.rollback_window
-        costs = self.costs
+    def _seconds(self, rates: Sequence[float], step_cost: float) -> list[float]:
+        """Expected seconds of a round drafting k = 1..len(rates) tokens (index k - 1): the target pass,
+        the draft steps, the overhead, and past a recurrent target's snapshots a checkpoint and, should
+        the draft be rejected, a restore and a replay."""
+        costs, window = self.costs, self.rollback_window
         overhead = costs.overhead
-        restore = 0.0  # expected restore-and-replay seconds, should the draft be rolled back from a checkpoint
+        seconds = []
+        reach, restore = 1.0, 0.0
         for k in range(1, len(rates) + 1):
             pass_cost = costs.pass_cost(k + 1)
             if window is not None:
                 # k - 1 drafts accepted, the k-th rejected: replay the last token and those k - 1.
-                reach = totals[k - 1] - (totals[k - 2] if k > 1 else 0.0)
                 restore += reach * (1.0 - rates[k - 1]) * ((costs.restore_s or 0.0) + costs.pass_cost(k))
+                reach *= rates[k - 1]
                 if k > window:
                     pass_cost += (costs.checkpoint_s or 0.0) + restore
-            rate = totals[k] / (pass_cost + k * step_cost + overhead)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return Plan(source, best_k, totals[best_k], best_rate, offer)
+            seconds.append(pass_cost + k * step_cost + overhead)
+        return seconds
+
+    def _best(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
+        """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
+        totals = expected_tokens(rates)
+        seconds = self._seconds(rates, step_cost)
+        k = max(range(1, len(rates) + 1), key=lambda k: totals[k] / seconds[k - 1])
+        return Plan(source, k, totals[k], totals[k] / seconds[k - 1], offer)
 
     def _none_rate(self) -> float:
         return 1.0 / (self.costs.one + self.costs.overhead)
@@ -340,8 +348,8 @@ class Controller:
         return best
 
     def _probe(self, offers: Sequence[Offer]) -> Plan | None:
-        """A copy drafter worth trying although its estimate loses: its hopeful rate would pay and what
-        the probes lost so far, plus this one's expected loss at its estimate, stays within the budget."""
+        """A copy drafter worth trying although its estimate loses: its hopeful rate would pay, and what
+        the probes lost so far in this answer plus this one's loss should it fail stays within the budget."""
         none = self._none_rate()
         base = 1.0 / none  # seconds per token of the target alone
         budget = EXPLORE_SHARE * self._answer_tokens * base - self._answer_loss
@@ -352,21 +360,23 @@ class Controller:
             estimates = self._copies.get(offer.source)
             if estimates is None:
                 continue
-            k_max = min(offer.available, self.lookup_max)
-            hopeful = self._best(offer.source, estimates.rates(offer.match_len, k_max, hopeful=True), 0.0, offer)
-            if hopeful.expected_rate <= none:
-                continue
-            expected = expected_tokens(estimates.rates(offer.match_len, hopeful.k))[-1]
-            loss = hopeful.expected_tokens / hopeful.expected_rate - expected * base
-            cheapest = min(cheapest, loss)
-            if loss <= budget and (best is None or hopeful.expected_rate > best.expected_rate):
-                best = hopeful
+            k_max = min(offer.available, self.lookup_max, PROBE_MAX)
+            hopeful = expected_tokens(estimates.rates(offer.match_len, k_max, hopeful=True))
+            seconds = self._seconds(estimates.rates(offer.match_len, k_max), 0.0)
+            for k in range(1, k_max + 1):
+                rate = hopeful[k] / seconds[k - 1]
+                if rate <= none:
+                    continue
+                loss = seconds[k - 1] - base  # should every draft be rejected: the budget is never overrun
+                cheapest = min(cheapest, loss)
+                if loss <= budget and (best is None or rate > best.expected_rate):
+                    best = Plan(offer.source, k, hopeful[k], rate, offer, explored=True)
         if best is None:
             self._probe_floor = min(cheapest, budget * 2) if cheapest < float("inf") else 0.0
             return None
         self._probe_pending = True
         self._explored += 1
-        return Plan(best.method, best.k, best.expected_tokens, best.expected_rate, best.offer, explored=True)
+        return best
 
     def plan(self, offers: Iterable[Offer], *, generated: int = 0, remaining: int | None = None) -> Plan:
         """Choose this round's plan from the drafters' ``offers`` (taken lazily: a forced offer ends them).
