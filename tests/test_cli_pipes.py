@@ -62,7 +62,9 @@ def test_doctor(deep_home):
 
 def test_history(deep_home):
     paths.history_dir().mkdir(parents=True)
-    HistoryStore(paths.history_file("0123456789abcdef")).add([1, 2, 3, 4], [5, 6, 7, 8, 9])
+    history = HistoryStore(paths.history_file("0123456789abcdef"))
+    history.add([1, 2, 3, 4], [5, 6, 7, 8, 9])
+    history.save()
     text = piped("history")
     assert_fits(text)
     assert "0123456789abcdef" in text
