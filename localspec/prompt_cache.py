@@ -336,14 +336,19 @@ def _touch(path: Path) -> None:
         pass
 
 
+def _head(f) -> tuple | None:
+    """A state file's header fields (magic, identity, token and state sizes, checksum); None if cut short."""
+    head = f.read(_HEADER.size)
+    return _HEADER.unpack(head) if len(head) == _HEADER.size else None
+
+
 def _read_head(path: Path) -> tuple[str, list[int], int] | None:
     """(identity, tokens, state bytes) of a state file whose sizes add up; None for a damaged one."""
     try:
         with path.open("rb") as f:
-            head = f.read(_HEADER.size)
-            if len(head) != _HEADER.size:
+            if (head := _head(f)) is None:
                 return None
-            magic, n_identity, n_tokens, n_state, _ = _HEADER.unpack(head)
+            magic, n_identity, n_tokens, n_state, _ = head
             size = os.fstat(f.fileno()).st_size
             if magic != _MAGIC or size != _HEADER.size + n_identity + 4 * n_tokens + n_state:
                 return None
@@ -360,10 +365,9 @@ def _read_state(path: Path, entry: _Entry) -> bytearray | None:
     tokens = np.asarray(entry.tokens, dtype="<i4").tobytes()
     try:
         with path.open("rb") as f:
-            head = f.read(_HEADER.size)
-            if len(head) != _HEADER.size:
+            if (head := _head(f)) is None:
                 return None
-            magic, n_identity, n_tokens, n_state, crc = _HEADER.unpack(head)
+            magic, n_identity, n_tokens, n_state, crc = head
             if (magic, n_identity, n_tokens, n_state) != (_MAGIC, len(identity), len(entry.tokens), entry.size):
                 return None
             if f.read(len(identity)) != identity or f.read(len(tokens)) != tokens:
