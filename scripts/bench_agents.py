@@ -334,7 +334,13 @@ def report(session: str, requests: list[Request], prompts, news, replays: dict[s
     if "localspec" in replays:
         verdicts["prefill <= new + 64 on every request"] = bool(checks) and all(checks)
     if {"localspec", "llama-server"} <= set(replays):
-        verdicts["session faster than llama-server"] = replays["localspec"].seconds < replays["llama-server"].seconds
+        failed = [e for e in engines if any(a.error for a in replays[e].answers)]
+        if failed:  # a session cut short by an error is not comparable: say so instead of a verdict
+            print(f"session times not comparable: {', '.join(failed)} failed a request")
+            verdicts["session faster than llama-server"] = False
+        else:
+            verdicts["session faster than llama-server"] = (replays["localspec"].seconds
+                                                            < replays["llama-server"].seconds)
     ours = replays.get("localspec")
     if ours and ours.restarted is not None:
         cold_s = (ours.answers[0].prompt_ms or 0.0) / 1000.0
