@@ -443,6 +443,23 @@ def test_bench_agents_replay_prefills_only_what_no_earlier_request_shares(tiny_t
     assert answers[3].cache_n >= len(prompts[1])
 
 
+def test_bench_agents_gives_no_session_verdict_when_an_engine_failed_a_request(capsys):
+    """Stock llama-server dropped the connection on a recorded Claude Code request: its short session time
+    must not read as a win for either engine."""
+    bench = load_bench()
+    requests = [bench.Request("/v1/messages", {}), bench.Request("/v1/messages", {})]
+    ok = bench.Answer(200, 5.0, 1.0, prompt_n=10, cache_n=0)
+    ours = bench.Replay("localspec", "s", [ok, ok], seconds=10.0)
+    failed = bench.Replay("llama-server", "s", [ok, bench.Answer(0, 0.0, None, error="disconnected")], seconds=5.0)
+    verdicts = bench.report("s", requests, [[1] * 10, [1] * 20], [10, 10],
+                            {"localspec": ours, "llama-server": failed})["verdicts"]
+    assert verdicts["session faster than llama-server"] is False
+    assert "not comparable: llama-server failed a request" in capsys.readouterr().out
+    both = bench.report("s", requests, [[1] * 10, [1] * 20], [10, 10],
+                        {"localspec": ours, "llama-server": bench.Replay("llama-server", "s", [ok, ok], seconds=12.0)})
+    assert both["verdicts"]["session faster than llama-server"] is True
+
+
 def test_bench_agents_record_passes_answers_through_and_writes_each_request(tiny_target, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
