@@ -257,10 +257,12 @@ TURNS = {"text": (TEXT_TASK, "paris"), "tool": (TOOL_TASK, CODE_WORD.lower())}
 def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn, request):
     """The tool turn: the client runs its file-reading tool and sends the file back; the answer quotes it."""
     if (client, turn) == ("codex", "tool"):
-        # Seen failing in the stop that added it: after Codex ran exec_command and sent its output back, the
-        # answer was only "<|im_start|>" (the model opened a new turn). Kept running so a pass is seen.
-        request.applymarker(pytest.mark.xfail(reason="Codex's exec_command round trip: the answer after the tool "
-                                                     "output is an empty new turn (issue 29, open)", strict=False))
+        # The default pair's 1.5B model answers Codex's exec_command output by calling Codex's write_stdin
+        # with the file's content: 10 of 10 replays of a recorded round trip with the output's chunk id and
+        # wall time varied. The code word reaches the answer only when the model writes an invalid session_id
+        # (the chunk id) and the server reads the would-be call as text (7 of 10), so a pass here is luck.
+        request.applymarker(pytest.mark.xfail(reason="the 1.5B model calls write_stdin instead of answering "
+                                                     "after Codex's tool output (issue 29, open)", strict=False))
     run, path, tool = CLIENTS[client]
     task, expected = TURNS[turn]
     with recording(real_server, client) as (recorder, url):
