@@ -5,8 +5,12 @@ Prints, per prompt and method: decode tok/s, the ratio to the target alone (same
 methods interleaved so machine drift cancels), acceptance, target passes, Python overhead per round,
 and whether the output is token-identical to the target alone. Greedy, --threads 2 by default.
 First it prints the target's pass time by batch size and its prefill speed: what verification costs.
+``--pass-context N`` times those passes after N tokens of context instead of 256 (attention grows with it),
+``--pass-costs-only`` stops there, and ``--fast`` runs stock kernels instead of exact ones (the choice is
+process-wide, so compare the two in two runs):
 
     .venv/bin/python scripts/bench_engine.py [--runs 2] [--max-tokens 192] [--threads 2]
+    .venv/bin/python scripts/bench_engine.py --pass-costs-only --pass-context 3000 [--fast]
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ PROMPTS = {
     "with get, put and delete methods and docstrings.",
 }
 CONFIGS = [Config("none"), Config("lookup"), Config("draft", 3), Config("hybrid"), Config("auto")]
+# Pass costs are timed after this many tokens of context, at these batch sizes.
+PASS_CONTEXT = 256
+PASS_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def main() -> None:
@@ -68,11 +75,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--pass-context", type=int, default=PASS_CONTEXT)
+    parser.add_argument("--pass-costs-only", action="store_true")
+    parser.add_argument("--fast", action="store_true", help="stock kernels instead of exact ones")
     args = parser.parse_args()
 
     pair = resolve_pair(profile=DEFAULT_PROFILE)
-    decoder = open_decoder(pair, ModelOptions(n_ctx=args.ctx, threads=args.threads))
-    print_pass_costs(decoder.target)
+    n_ctx = max(args.ctx, args.pass_context + 2 * max(PASS_SIZES))
+    decoder = open_decoder(pair, ModelOptions(n_ctx=n_ctx, threads=args.threads, exact=False if args.fast else None))
+    print_pass_costs(decoder.target, args.pass_context)
+    if args.pass_costs_only:
+        return
 
     # The bench runner warms up, interleaves the methods per run and compares outputs token by token.
     prompts = [BenchPrompt(name, name, (prompt,)) for name, prompt in PROMPTS.items()]
@@ -89,31 +102,33 @@ def main() -> None:
               f"{row['acceptance_rate']:7.0%} {row['target_passes']:7.0f} {overhead:12.2f} {row['identical']!s:>9}")
 
 
-def pass_costs(target: LlamaModel, sizes=(1, 2, 4, 8, 16, 32, 64), reps=5) -> tuple[dict[int, float], float]:
-    """Median target pass seconds by batch size (all rows' logits, as verification needs) after a 256-token
-    prefix, and the prefill speed of that prefix in tokens per second."""
-    tokens = target.tokenize(EDIT_CODE * 3, add_bos=False)
+def pass_costs(target: LlamaModel, sizes=PASS_SIZES, reps=5, context=PASS_CONTEXT) -> tuple[dict[int, float], float]:
+    """Median target pass seconds by batch size (all rows' logits, as verification needs) after a
+    ``context``-token prefix, and the prefill speed of that prefix in tokens per second."""
+    tokens = target.tokenize(EDIT_CODE, add_bos=False)
+    tokens *= (context + max(sizes)) // len(tokens) + 1
     target.reset()
     start = time.perf_counter()
-    target.eval(tokens[:256], n_logits=0, prefill=True)
-    prefill = 256 / (time.perf_counter() - start)
+    target.eval(tokens[:context], n_logits=0, prefill=True)
+    prefill = context / (time.perf_counter() - start)
     costs = {}
     for size in sizes:
         times = []
         for _ in range(reps):
-            target.rollback(256)
+            target.rollback(context)
             start = time.perf_counter()
-            target.eval(tokens[256 : 256 + size], n_logits=size)
+            target.eval(tokens[context : context + size], n_logits=size)
             times.append(time.perf_counter() - start)
         costs[size] = statistics.median(times)
     target.reset()
     return costs, prefill
 
 
-def print_pass_costs(target: LlamaModel) -> None:
-    costs, prefill = pass_costs(target)
+def print_pass_costs(target: LlamaModel, context: int = PASS_CONTEXT) -> None:
+    costs, prefill = pass_costs(target, context=context)
     shown = " / ".join(f"{size}: {1000 * seconds:.0f}" for size, seconds in costs.items())
-    print(f"target pass ms by batch size: {shown}; prefill {prefill:.0f} tok/s", flush=True)
+    print(f"target pass ms by batch size after {context} tokens ({target.kernels} kernels): {shown}; "
+          f"prefill {prefill:.0f} tok/s", flush=True)
 
 
 if __name__ == "__main__":
