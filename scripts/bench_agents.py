@@ -54,6 +54,7 @@ PREFILL_SLACK = 64  # issue 29: a request may prefill this much more than what n
 RESTART_SHARE = 0.10  # ... and a restarted server's first request takes at most this share of its cold prefill
 START_TIMEOUT_S = 600
 REQUEST_TIMEOUT_S = 3600
+CONNECTION_RETRIES = 2  # what the OpenAI and Anthropic SDKs retry a connection error by default
 
 
 @dataclass
@@ -269,16 +270,31 @@ def with_timings(answer: Answer, timings: dict | None) -> Answer:
     return answer
 
 
+def send_as_clients_do(base: str, request: Request, body: dict) -> tuple[Answer, int]:
+    """``send``, retried on a new connection when the server closed one before answering (stock llama-server
+    drops a kept-alive connection after some streamed answers), as the clients' SDKs retry connection errors;
+    the answer's time includes the failed tries. Returns the answer and the number of retries."""
+    spent = 0.0
+    for retries in range(CONNECTION_RETRIES + 1):
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            answer = send(client, base, request, body)
+        answer.seconds += spent
+        if answer.status or answer.first_token_s is not None:  # answered, or broke off mid-answer
+            break
+        spent = answer.seconds
+    return answer, retries
+
+
 def replay(base: str, requests: list[Request], args) -> list[Answer]:
     answers = []
-    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
-        for i, request in enumerate(requests):
-            answer = send(client, base, request, as_sent(request, temperature=args.temperature,
-                                                         max_tokens=args.max_tokens))
-            answers.append(answer)
-            print(f"  request {i + 1}/{len(requests)} {request.path}: {answer.seconds:.1f} s, "
-                  f"prefilled {answer.prompt_n}, reused {answer.cache_n}"
-                  + (f", HTTP {answer.status}: {answer.error}" if answer.error else ""), file=sys.stderr)
+    for i, request in enumerate(requests):
+        answer, retries = send_as_clients_do(base, request, as_sent(request, temperature=args.temperature,
+                                                                    max_tokens=args.max_tokens))
+        answers.append(answer)
+        print(f"  request {i + 1}/{len(requests)} {request.path}: {answer.seconds:.1f} s, "
+              f"prefilled {answer.prompt_n}, reused {answer.cache_n}"
+              + (f", after {retries} connection retries" if retries else "")
+              + (f", HTTP {answer.status}: {answer.error}" if answer.error else ""), file=sys.stderr)
     return answers
 
 

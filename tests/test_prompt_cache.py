@@ -460,6 +460,33 @@ def test_bench_agents_gives_no_session_verdict_when_an_engine_failed_a_request(c
     assert both["verdicts"]["session faster than llama-server"] is True
 
 
+def test_bench_agents_retries_a_connection_the_server_closed_without_answering():
+    """As the clients' SDKs do: a connection closed before any answer is tried again (its time counted); an
+    answer that then comes is the request's answer."""
+    import threading
+
+    bench = load_bench()
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = b'{"timings": {"prompt_n": 3, "cache_n": 4}}'
+
+    def serve() -> None:
+        for attempt in range(2):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                if attempt:  # the first connection is closed unanswered
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                       b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    base = "http://127.0.0.1:%d" % listener.getsockname()[1]
+    answer, retries = bench.send_as_clients_do(base, bench.Request("/v1/chat/completions", {}), {"stream": False})
+    server.join(TIMEOUT_S)
+    listener.close()
+    assert (answer.status, answer.prompt_n, answer.cache_n, retries) == (200, 3, 4, 1)
+
+
 def test_bench_agents_record_passes_answers_through_and_writes_each_request(tiny_target, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
