@@ -80,8 +80,7 @@ def quantized_target(request, quantized_tiny):
 # and the tiled kernel beyond (24, 25); a verification is as long as the longest lookup draft plus one (65)
 # and never longer than MAX_VERIFY_BATCH, the largest batch flash attention keeps on its per-row exact path.
 KERNEL_SWITCH_BATCHES = [2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 19, 24, 25, 31, 32, 33, 65, MAX_VERIFY_BATCH]
-# Past the 512-entry KV length where stock llama.cpp splits a one-token attention across threads, and across two
-# of the 256-cell blocks exact attention walks on AVX2.
+# Past the 512-entry KV length where stock llama.cpp splits a one-token attention across threads.
 LONG_PREFIX = 520
 
 
