@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 SIZES = (1, 2, 4, 8)
@@ -27,7 +26,7 @@ SIZES = (1, 2, 4, 8)
 
 def worker(context: int, model: str) -> None:
     """Loads the model, prefills, prints "ready", then answers each "k reps" line with a median in ms."""
-    from bench_engine import EDIT_CODE
+    from bench_engine import long_prompt, pass_seconds
 
     from localspec.engine.backend import LlamaModel
     from localspec.profiles import DEFAULT_PROFILE
@@ -35,19 +34,12 @@ def worker(context: int, model: str) -> None:
 
     pair = resolve_pair(profile=DEFAULT_PROFILE, offline=True)
     target = LlamaModel(pair.draft if model == "draft" else pair.target, n_ctx=context + max(SIZES) + 64)
-    tokens = target.tokenize(EDIT_CODE, add_bos=False)
-    tokens *= (context + max(SIZES)) // len(tokens) + 1
+    tokens = long_prompt(target, context + max(SIZES))
     target.eval(tokens[:context], n_logits=0, prefill=True)
     print("ready", flush=True)
     for line in sys.stdin:
         size, reps = map(int, line.split())
-        times = []
-        for _ in range(reps):
-            target.rollback(context)
-            started = time.perf_counter()
-            target.eval(tokens[context : context + size], n_logits=size)
-            times.append(time.perf_counter() - started)
-        print(1000 * statistics.median(times), flush=True)
+        print(1000 * pass_seconds(target, tokens, context, size, reps), flush=True)
 
 
 def start(args, pythonpath: str | None) -> subprocess.Popen:

@@ -102,24 +102,33 @@ def main() -> None:
               f"{row['acceptance_rate']:7.0%} {row['target_passes']:7.0f} {overhead:12.2f} {row['identical']!s:>9}")
 
 
-def pass_costs(target: LlamaModel, sizes=PASS_SIZES, reps=5, context=PASS_CONTEXT) -> tuple[dict[int, float], float]:
-    """Median target pass seconds by batch size (all rows' logits, as verification needs) after a
-    ``context``-token prefix, and the prefill speed of that prefix in tokens per second."""
+def long_prompt(target: LlamaModel, length: int) -> list[int]:
+    """At least ``length`` tokens of code, repeated."""
     tokens = target.tokenize(EDIT_CODE, add_bos=False)
-    tokens *= (context + max(sizes)) // len(tokens) + 1
+    return tokens * (length // len(tokens) + 1)
+
+
+def pass_seconds(target: LlamaModel, tokens: list[int], context: int, size: int, reps: int) -> float:
+    """Median seconds of ``reps`` passes over ``tokens[context:context + size]`` (all rows' logits, as
+    verification needs), each after rolling the cache back to the ``context``-token prefix."""
+    times = []
+    for _ in range(reps):
+        target.rollback(context)
+        start = time.perf_counter()
+        target.eval(tokens[context : context + size], n_logits=size)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def pass_costs(target: LlamaModel, sizes=PASS_SIZES, reps=5, context=PASS_CONTEXT) -> tuple[dict[int, float], float]:
+    """Median target pass seconds by batch size after a ``context``-token prefix, and the prefill speed of
+    that prefix in tokens per second."""
+    tokens = long_prompt(target, context + max(sizes))
     target.reset()
     start = time.perf_counter()
     target.eval(tokens[:context], n_logits=0, prefill=True)
     prefill = context / (time.perf_counter() - start)
-    costs = {}
-    for size in sizes:
-        times = []
-        for _ in range(reps):
-            target.rollback(context)
-            start = time.perf_counter()
-            target.eval(tokens[context : context + size], n_logits=size)
-            times.append(time.perf_counter() - start)
-        costs[size] = statistics.median(times)
+    costs = {size: pass_seconds(target, tokens, context, size, reps) for size in sizes}
     target.reset()
     return costs, prefill
 
