@@ -233,13 +233,20 @@ def last_timings(value) -> dict | None:
     return found
 
 
-def send(client: httpx.Client, base: str, request: Request, body: dict) -> Answer:
-    started = time.perf_counter()
+class Unanswered(Exception):
+    """The connection failed or was closed before the server sent any response: nothing was answered."""
+
+
+def send(client: httpx.Client, base: str, request: Request, body: dict, started: float) -> Answer:
+    """One request's answer, its times counted from ``started`` (``perf_counter``); raises ``Unanswered`` when
+    the server sent no response at all."""
     first = None
     timings = None
+    responded = False
     headers = {"Authorization": "Bearer local", "x-api-key": "local", "anthropic-version": "2023-06-01"}
     try:
         with client.stream("POST", base + request.path, json=body, headers=headers) as response:
+            responded = True
             if not body.get("stream"):
                 data = response.read()
                 elapsed = time.perf_counter() - started
@@ -258,6 +265,8 @@ def send(client: httpx.Client, base: str, request: Request, body: dict) -> Answe
                     first = time.perf_counter() - started
                 timings = last_timings(event) or timings
     except httpx.HTTPError as exc:
+        if not responded and isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)):
+            raise Unanswered(str(exc)) from exc
         return Answer(0, time.perf_counter() - started, first, error=str(exc))
     return with_timings(Answer(200, time.perf_counter() - started, first), timings)
 
@@ -274,15 +283,14 @@ def send_as_clients_do(base: str, request: Request, body: dict) -> tuple[Answer,
     """``send``, retried on a new connection when the server closed one before answering (stock llama-server
     drops a kept-alive connection after some streamed answers), as the clients' SDKs retry connection errors;
     the answer's time includes the failed tries. Returns the answer and the number of retries."""
-    spent = 0.0
+    started = time.perf_counter()
     for retries in range(CONNECTION_RETRIES + 1):
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
-            answer = send(client, base, request, body)
-        answer.seconds += spent
-        if answer.status or answer.first_token_s is not None:  # answered, or broke off mid-answer
-            break
-        spent = answer.seconds
-    return answer, retries
+        try:
+            with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+                return send(client, base, request, body, started), retries
+        except Unanswered as exc:
+            error = str(exc)
+    return Answer(0, time.perf_counter() - started, None, error=error), retries
 
 
 def replay(base: str, requests: list[Request], args) -> list[Answer]:
