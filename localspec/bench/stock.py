@@ -302,6 +302,7 @@ class StockComparison:
         progress: ProgressCallback | None = None,
     ) -> None:
         self.target: LlamaModel = decoder.target
+        self.draft_model = decoder.draft
         self.tools = tools
         self.target_path = target
         self.draft_path = draft
@@ -419,8 +420,10 @@ class StockComparison:
                 *engine.args,
                 *extra,
             ]
+            # The same offload as localspec's models: stock's default ("auto") may place them otherwise.
+            command += ["-ngl", _gpu_layers(self.target.n_gpu_layers)]
             if engine.uses_draft:
-                command += ["-md", str(self.draft_path)]
+                command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.draft_model.model.n_gpu_layers)]
             try:
                 done = subprocess.run(command, capture_output=True, env=env, timeout=TOOL_TIMEOUT_S, check=False)
             except subprocess.TimeoutExpired as exc:
@@ -514,6 +517,11 @@ def write_json(path: Path, rows: list[dict], meta: dict) -> None:
         path.write_text(json.dumps({"schema": SCHEMA, **meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc}") from exc
+
+
+def _gpu_layers(n: int) -> str:
+    """localspec's layer count (negative: all) as the stock tools' -ngl takes it (-1 there means "auto")."""
+    return "all" if n < 0 else str(n)
 
 
 def _mean(values: list[float]) -> float | None:

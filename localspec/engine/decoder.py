@@ -74,7 +74,13 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = draft
         self.history = history
-        self.drafters: list[BaseDrafter] = make_drafters(DrafterInputs(target, draft, history, method))
+        # Only the drafters this method may draft from: another's per-token upkeep (the n-gram index) would
+        # be paid by every round for nothing, a large share of a round beside a GPU pass. The answer history
+        # is kept whatever the method, for the runs that draft from it later.
+        self.drafters: list[BaseDrafter] = [
+            d for d in make_drafters(DrafterInputs(target, draft, history, method))
+            if method_uses(method, d.source) or d.source == Source.SUFFIX
+        ]
         self.controller = Controller(
             method,
             draft_len=draft_len,

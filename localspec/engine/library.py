@@ -56,3 +56,38 @@ def loaded_cpu_library() -> Path | None:
         if (directory / name).exists():
             return directory / name
     return None
+
+
+_GGML_DEVICE_GPU = 1  # ggml-backend.h: enum ggml_backend_dev_type, GGML_BACKEND_DEVICE_TYPE_GPU
+
+
+def gpu_devices() -> list[str]:
+    """The GPUs llama.cpp's backends see, as "CUDA0: NVIDIA H100 80GB HBM3, 79.1 of 79.2 GiB free"; empty
+    for a CPU-only build (or one whose ggml does not export the device registry)."""
+    directory = lib_dir()  # imports llama_cpp, which registers the backends
+    path = next((directory / name for name in ("libggml.so", "libggml.dylib", "ggml.dll") if (directory / name).exists()),
+                None)
+    if path is None:
+        return []
+    ggml = ctypes.CDLL(str(path))
+    if not hasattr(ggml, "ggml_backend_dev_count"):
+        return []
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.argtypes, ggml.ggml_backend_dev_get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    ggml.ggml_backend_dev_type.argtypes, ggml.ggml_backend_dev_type.restype = [ctypes.c_void_p], ctypes.c_int
+    for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(ggml, name).argtypes, getattr(ggml, name).restype = [ctypes.c_void_p], ctypes.c_char_p
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                             ctypes.POINTER(ctypes.c_size_t)]
+    ggml.ggml_backend_dev_memory.restype = None
+    devices = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(device) != _GGML_DEVICE_GPU:
+            continue
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        name = ggml.ggml_backend_dev_name(device).decode(errors="replace")
+        description = ggml.ggml_backend_dev_description(device).decode(errors="replace")
+        devices.append(f"{name}: {description}, {free.value / 2**30:.1f} of {total.value / 2**30:.1f} GiB free")
+    return devices

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.engine.kernels import choose_kernels
-from localspec.engine.library import lib_dir, load_llama_cpp
+from localspec.engine.library import gpu_devices, lib_dir, load_llama_cpp
 
 # CPU features that decide which llama.cpp kernels can run.
 CPU_FLAGS = (
@@ -98,6 +98,8 @@ def has_amx_backend(lib_dir: Path, system_info: str) -> bool:
 
 
 def gpu_backends(lib_dir: Path, system_info: str) -> str:
+    """The GPU backends compiled in, and the devices they see ("no GPU found" when a build has none to use)."""
     names = [name for name in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL") if name.lower() in system_info.lower()]
     names += [lib.name for lib in lib_dir.glob("libggml-*") if any(n in lib.name for n in ("cuda", "metal", "vulkan", "hip"))]
-    return ", ".join(dict.fromkeys(names)) or "compiled in"
+    backends = ", ".join(dict.fromkeys(names)) or "compiled in"
+    return f"{backends}; {'; '.join(gpu_devices()) or 'no GPU found'}"
