@@ -38,6 +38,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# On the lent H200's image, numpy imported before llama.cpp's CUDA libraries are loaded makes the first
+# model load segfault (numpy 2.5.2 with scipy-openblas, CUDA 13; the cause is not established), so
+# llama.cpp is loaded first, here and in the bench process below. `models` runs while it is still building.
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    pass
+# `python -m localspec`, with llama.cpp loaded first (see above).
+LOCALSPEC = ("-c", "import llama_cpp, runpy, sys; sys.argv[0] = 'localspec'; runpy.run_module('localspec', "
+             "run_name='__main__', alter_sys=True)")
+
 from scripts.bench_moe import SHAPES as MOE_SHAPES  # noqa: E402
 from scripts.make_hybrid_model import vocabulary  # noqa: E402
 from tests.tiny_models import TinySpec, write_tiny_model  # noqa: E402
@@ -153,15 +164,15 @@ def machine_lines(cpu: bool) -> list[str]:
     return [f"- GPU: {gpu}", f"- CPU: {processor}, {os.cpu_count()} cores", f"- llama.cpp: {system}"]
 
 
-def pass_curves(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool) -> dict[int, float]:
-    """Pass cost tables; returns the 1.5B shape's costs after 256 tokens (seconds by size)."""
+def pass_curves(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool, brief: bool) -> None:
+    """Pass cost tables, by rows, relative to one row too."""
     from scripts.bench_engine import pass_costs
     from localspec.engine.backend import LlamaModel
 
     sizes = PASS_SIZES[:6] if quick else PASS_SIZES
     reps = 3 if quick else 9
     curves: dict[str, dict[int, float]] = {}
-    for name, contexts in (("target-1.5b", (256, 4096)), ("moe-30b-a3b", (256,))):
+    for name, contexts in (("target-1.5b", (256,) if brief else (256, 4096)), ("moe-30b-a3b", (256,))):
         model = LlamaModel(model_path(directory, name, QUANT), n_ctx=4096 + 2 * max(sizes), n_threads=threads,
                            n_gpu_layers=gpu_layers)
         for context in contexts:
@@ -177,26 +188,26 @@ def pass_curves(report: Report, directory: Path, gpu_layers: int, threads: int, 
         [[size, *(f"{curves[label][size] * 1e3:.2f}" for label in labels),
           *(f"{curves[label][size] / curves[label][1]:.2f}" for label in labels)] for size in sizes],
     )
-    return curves["target-1.5b after 256"]
 
 
-def method_rounds(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool,
-                  one_row_s: float) -> None:
+def method_rounds(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool, brief: bool) -> None:
     """Each method through the bench runner (interleaved runs, outputs compared token by token), with the
     time of its rounds split; then a profile of target-alone's rounds."""
     from localspec.bench.runner import BenchRunner, BenchSettings, Config
     from localspec.bench.workloads import BenchPrompt
     from localspec.session import ModelOptions, open_decoder, resolve_pair
 
-    from scripts.bench_engine import PROMPTS
+    from scripts.bench_engine import PROMPTS, pass_costs
 
     pair = resolve_pair(target=model_path(directory, "target-1.5b", QUANT),
                         draft=model_path(directory, "draft-0.5b", QUANT))
     options = ModelOptions(n_ctx=4096, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers)
     decoder = open_decoder(pair, options, history=False)
+    one_row_s, _ = pass_costs(decoder.target, sizes=(1,), reps=15)  # after 256 tokens, the report's yardstick
+    one_row_s = one_row_s[1]
     prompts = [BenchPrompt(name, name, (text,)) for name, text in PROMPTS.items()][: 1 if quick else None]
-    max_tokens = 32 if quick else 256
-    settings = BenchSettings([Config(m) for m in METHODS], runs=1 if quick else 3, max_tokens=max_tokens)
+    max_tokens = 32 if quick else 128 if brief else 256
+    settings = BenchSettings([Config(m) for m in METHODS], runs=1 if quick or brief else 3, max_tokens=max_tokens)
     result = BenchRunner(decoder, settings).run(prompts)
     rows = []
     for config in settings.configs:
@@ -250,7 +261,7 @@ def _profile_lines(text: str) -> list[str]:
 
 
 def stock_comparison(report: Report, directory: Path, stock: Path, out: Path, gpu_layers: int, threads: int,
-                     quick: bool) -> None:
+                     quick: bool, brief: bool) -> None:
     """``localspec bench --vs-llama-cpp`` in its own process (its kernel choice is process-wide)."""
     json_path, prompts = out / "stock.json", out / "stock-prompts.jsonl"
     # The first prompt of each workload: every stock run is a process that loads its model again.
@@ -258,15 +269,15 @@ def stock_comparison(report: Report, directory: Path, stock: Path, out: Path, gp
     prompts.write_text("".join((workloads / f"{name}.jsonl").read_text().splitlines(keepends=True)[0]
                                for name in STOCK_WORKLOADS[: 1 if quick else None]))
     command = [
-        sys.executable, "-m", "localspec", "bench", "--vs-llama-cpp", str(stock),
+        sys.executable, *LOCALSPEC, "bench", "--vs-llama-cpp", str(stock),
         "--target", str(model_path(directory, "target-1.5b", QUANT)),
         "--draft", str(model_path(directory, "draft-0.5b", QUANT)),
-        "--prompts", str(prompts), "--methods", ",".join(METHODS), "--runs", "1" if quick else "2",
-        "-n", "32" if quick else "256",
+        "--prompts", str(prompts), "--methods", ",".join(m for m in METHODS if not brief or m != "draft"),
+        "--runs", "1" if quick or brief else "2", "-n", "32" if quick else "128" if brief else "256",
         "--gpu-layers", str(gpu_layers), "--draft-gpu-layers", str(gpu_layers), "--threads", str(threads),
         "--ctx", "4096", "--no-history", "--json", str(json_path),
     ]
-    report.add(f"`{' '.join(command[1:])}`", "")
+    report.add(f"`localspec {' '.join(command[1 + len(LOCALSPEC):])}`", "")
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"COLUMNS": "220"}, check=False)
     if done.returncode != 0:
@@ -290,12 +301,13 @@ def write_report(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     report.add("# localspec GPU check", "", *machine_lines(args.cpu), f"- threads {threads}, GPU layers "
                f"{'all' if gpu_layers < 0 else gpu_layers}; models seeded-random at the shipped shapes, {QUANT}", "")
-    report.add("## Pass costs by rows (every row's logits read)", "")
-    one_row = pass_curves(report, args.models, gpu_layers, threads, args.quick)
-    report.add("## Methods, and a round's time split", "")
-    method_rounds(report, args.models, gpu_layers, threads, args.quick, one_row[1])
+    # Most telling first: a run cut short by a lent machine's time limit keeps what it printed.
     report.add("## Against stock llama.cpp (same source, unpatched, built beside it)", "")
-    stock_comparison(report, args.models, args.stock, args.out, gpu_layers, threads, args.quick)
+    stock_comparison(report, args.models, args.stock, args.out, gpu_layers, threads, args.quick, args.brief)
+    report.add("## Methods, and a round's time split", "")
+    method_rounds(report, args.models, gpu_layers, threads, args.quick, args.brief)
+    report.add("## Pass costs by rows (every row's logits read)", "")
+    pass_curves(report, args.models, gpu_layers, threads, args.quick, args.brief)
     report.add(f"(report took {time.perf_counter() - started:.0f} s)")
     report.write()
 
@@ -315,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     measure.add_argument("--threads", type=int)
     measure.add_argument("--quick", action="store_true", help="fewer sizes, prompts and tokens")
     measure.add_argument("--cpu", action="store_true", help="nothing offloaded (a CPU-only build)")
+    measure.add_argument("--brief", action="store_true",
+                         help="one run, 128 tokens, no draft model against stock, no 4096-token curve")
     args = parser.parse_args(argv)
     if args.command == "models":
         write_models(args.models, args.quick)

@@ -14,7 +14,10 @@ interleaved: for each prompt and run, every engine generates once, in an order r
 How each engine's figures are read:
 
 - ``llama-completion``: decode from ``common_perf_print: eval time = X ms / N runs`` (one-token
-  decodes; sampling time excluded), prefill from ``prompt eval time = X ms / N tokens``.
+  decodes) plus the decode's share of ``sampling time = X ms`` (choosing each token: N of the N + 1
+  tokens it samples, the first following the prefill), as localspec's rounds include choosing theirs and
+  a user waits for both; prefill from ``prompt eval time = X ms / N tokens``. On a CPU the sampling is a
+  fraction of a percent of a pass; beside a 2 ms GPU pass it is several percent.
 - ``llama-speculative-simple`` and ``llama-lookup``: decode from ``decoded N tokens in S seconds`` (the
   whole draft-verify loop), prefill from ``encoded N tokens in S seconds``, drafts from ``n_drafted`` and
   ``n_accept``. Both generate one token more than ``-n`` asks, so they are given one fewer. Some drafts
@@ -173,6 +176,7 @@ class TruncatedOutputError(StockOutputError):
 # Log lines start with a timestamp and level, e.g. "0.20.161.383 I common_perf_print: prompt eval time = ...".
 _PERF_PROMPT = re.compile(r"\bprompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _PERF_EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
+_PERF_SAMPLING = re.compile(r"\bsampling time =\s*([\d.]+) ms")
 _ENCODED = re.compile(r"\bencoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DECODED = re.compile(r"\bdecoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DRAFTED = re.compile(r"\bn_drafted\s*=\s*(\d+)")
@@ -198,12 +202,14 @@ def parse_completion(stdout: bytes, log: str) -> EngineRun:
     """llama-completion -no-cnv --no-display-prompt -sp: stdout is the answer, the timings are in the log."""
     prompt = _search(_PERF_PROMPT, log, "llama-completion")
     decode = _search(_PERF_EVAL, log, "llama-completion")
+    sampling = _search(_PERF_SAMPLING, log, "llama-completion")
+    runs = int(decode[2])
     answer = stdout.removesuffix(_COMPLETION_TAIL)  # logged before the timings, so present with them
     stopped = answer.endswith(_END_OF_TEXT)
     return EngineRun(
         answer.removesuffix(_END_OF_TEXT).decode("utf-8", "replace"),
-        decode_tokens=int(decode[2]),
-        decode_s=float(decode[1]) / 1e3,
+        decode_tokens=runs,
+        decode_s=(float(decode[1]) + float(sampling[1]) * runs / (runs + 1)) / 1e3,
         prefill_tokens=int(prompt[2]),
         prefill_s=float(prompt[1]) / 1e3,
         stopped=stopped,
