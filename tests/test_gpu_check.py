@@ -53,3 +53,11 @@ def test_report_measures_every_part_on_quick_models(tmp_path, stock_bin):  # noq
     assert "failed (exit" not in report
     assert re.search(r"- localspec none: [\d.]+ tok/s decode, [\d.]+x stock llama-completion", report)
     assert (out / "stock.json").is_file()
+
+
+def test_importing_localspec_loads_a_cpu_build_only_when_a_model_needs_it():
+    # A GPU build is loaded on import, before numpy (engine/library.py's load_gpu_build_first); a CPU build
+    # is not, so commands that load no model start as fast as before.
+    done = subprocess.run([sys.executable, "-c", "import localspec, sys; print('llama_cpp' in sys.modules)"],
+                          capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.strip() == "False"

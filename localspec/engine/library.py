@@ -6,6 +6,7 @@ Only the public module is imported here; ``backend.py`` is the one module that r
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,21 @@ def load_llama_cpp():
         _log_callback = callback
         llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
     return llama_cpp
+
+
+def load_gpu_build_first() -> None:
+    """Load a GPU build of llama.cpp now, before anything imports numpy.
+
+    On a lent H200's Python (torch's image: numpy 2.5.2 with scipy-openblas, CUDA 13) a process that had
+    imported numpy before llama-cpp-python segfaulted at its first model load, and one that loaded
+    llama-cpp-python first ran (the cause is not established). A CPU build is left to load when a model is.
+    """
+    spec = importlib.util.find_spec("llama_cpp")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations or "numpy" in sys.modules:
+        return
+    directory = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(next(iter(spec.submodule_search_locations))) / "lib"
+    if any(Path(directory).glob("libggml-cuda*")):
+        load_llama_cpp()
 
 
 def lib_dir() -> Path:
