@@ -117,6 +117,7 @@ class ReplayTarget:
     large_eval = None
     replayed_tokens = 0
     n_ctx = 1 << 20
+    mtp_layers = 0  # the recorded target is replayed without a head of its own
 
     def __init__(self, n_vocab: int, eos: int, cost: Callable[[int], float], clock: Clock) -> None:
         self.n_vocab, self.eos, self.cost, self.clock = n_vocab, eos, cost, clock
