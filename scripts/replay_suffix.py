@@ -46,6 +46,8 @@ def report(path: str) -> None:
     with open(path) as handle:
         replay = Replay(json.load(handle))
     answers = [a for a in replay.answers if a["workload"] == WORKLOAD]
+    if not answers:
+        raise SystemExit(f"{path} holds no {WORKLOAD} answers; record them with --record FILE")
     print(f"{len(answers)} {WORKLOAD} answers; speedup over target alone from recorded pass costs")
     print(f"{'pass':5} {'history':8} {'speedup':>8} {'tok/pass':>9} {'from history':>13} {'from lookup':>12}")
     for with_history in (True, False):
