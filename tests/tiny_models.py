@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,7 +304,9 @@ def _experts(spec: TinySpec, mat: Matrix) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
+def _weights(spec: TinySpec) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) in file order, a block at a time, so a model at real shapes (256 experts a layer) is
+    never whole in memory; the random draws come in the same order as ever, so a seed's weights stay the same."""
     n_vocab, d = len(spec.tokens), spec.n_embd
     rng = np.random.default_rng(spec.seed)
     noise = np.random.default_rng(spec.perturb_seed) if spec.perturb_seed is not None else None
@@ -317,9 +319,10 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
 
     # llama.cpp reads LFM2's final norm under this name.
     output_norm = "token_embd_norm.weight" if spec.architecture == "lfm2" else "output_norm.weight"
-    tensors = {"token_embd.weight": mat(n_vocab, d, 1.0), output_norm: _ones(d)}
+    yield "token_embd.weight", mat(n_vocab, d, 1.0)
+    yield output_norm, _ones(d)
     if not spec.tie_embeddings:
-        tensors["output.weight"] = mat(n_vocab, d, 0.15 * spec.logit_scale)
+        yield "output.weight", mat(n_vocab, d, 0.15 * spec.logit_scale)
     for i in range(spec.n_layers):
         if _is_attention_layer(spec, i):
             mixer = _attention(spec, mat)
@@ -330,10 +333,9 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
         block = {"attn_norm.weight": _ones(d)} | mixer | ffn
         if spec.trunk_scale != 1.0:
             block = _scaled(block, spec.trunk_scale)
-        tensors |= {f"blk.{i}.{name}": array for name, array in block.items()}
+        yield from ((f"blk.{i}.{name}", array) for name, array in block.items())
     if spec.mtp:
-        tensors |= {f"blk.{spec.n_layers}.{name}": array for name, array in _mtp_block(spec, mat).items()}
-    return tensors
+        yield from ((f"blk.{spec.n_layers}.{name}", array) for name, array in _mtp_block(spec, mat).items())
 
 
 # The projections that write a block's contribution into the residual stream.
@@ -430,7 +432,8 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     spec = spec or TinySpec()
     if spec.architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {spec.architecture!r}; one of {ARCHITECTURES}")
-    writer = gguf.GGUFWriter(str(path), spec.architecture)
+    # Each tensor goes to a temporary file as it is made (gguf's own spooling), not into memory.
+    writer = gguf.GGUFWriter(str(path), spec.architecture, use_temp_file=True)
     writer.add_name(f"tiny-{spec.seed}")
     writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(spec.n_embd)
@@ -457,7 +460,7 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
         writer.add_chat_template(spec.chat_template)
     for key, value in spec.extra.items():
         _add_value(writer, key, value)
-    for name, array in _weights(spec).items():
+    for name, array in _weights(spec):
         writer.add_tensor(name, _stored(name, array, spec.f16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
