@@ -263,6 +263,8 @@ def _profile_lines(text: str) -> list[str]:
 def stock_comparison(report: Report, directory: Path, stock: Path, out: Path, gpu_layers: int, threads: int,
                      quick: bool, brief: bool) -> None:
     """``localspec bench --vs-llama-cpp`` in its own process (its kernel choice is process-wide)."""
+    from localspec.bench.stock import overall_rows
+
     json_path, prompts = out / "stock.json", out / "stock-prompts.jsonl"
     # The first prompt of each workload: every stock run is a process that loads its model again.
     workloads = Path(__file__).resolve().parents[1] / "localspec" / "bench" / "workloads"
@@ -284,10 +286,7 @@ def stock_comparison(report: Report, directory: Path, stock: Path, out: Path, gp
         report.add(f"failed (exit {done.returncode}):", "```", *done.stderr.strip().splitlines()[-15:], "```")
         return
     report.add("```", *done.stdout.rstrip().splitlines(), "```", f"({time.perf_counter() - started:.0f} s)", "")
-    rows = json.loads(json_path.read_text())["rows"]
-    overall = {r["workload"] for r in rows} - {"all"} if len({r["workload"] for r in rows}) == 1 else {"all"}
-    rows = [r for r in rows if r["workload"] in overall]  # one workload has no "all" row
-    for row in rows:
+    for row in overall_rows(json.loads(json_path.read_text())["rows"]):
         report.add(f"- {row['engine']}: {row['decode_tok_per_s']} tok/s decode, {row['decode_ratio']}x stock "
                    f"llama-completion's decode, identical: {row['identical']}")
     report.add("")

@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from localspec.bench.stock import overall_rows  # noqa: E402
 from scripts.make_hybrid_model import QUANT_TYPES, make_hybrid_model, qwen35_0_8b_spec  # noqa: E402
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -139,11 +140,8 @@ def side_by_side(models: dict, bin_dir: str, args) -> None:
         ]
         print(" ".join(command), file=sys.stderr)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        rows = json.loads(report.read_text())["rows"]
         print(f"\n{name} ({path.name}): decode speed / stock llama-completion, acceptance")
-        for row in rows:
-            if row["workload"] != "all":
-                continue
+        for row in overall_rows(json.loads(report.read_text())["rows"]):
             rate = "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.0%}"
             print(f"  {row['engine']:<28} {row['decode_ratio']:.2f}x  accepted {rate:>5}  identical {row['identical']}")
 

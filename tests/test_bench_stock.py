@@ -254,3 +254,9 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     drafting = [r for r in rows if r["engine"] in ("stock draft-simple", "localspec draft k=auto")]
     assert all(r["drafted"] > 0 for r in drafting)
     assert "vs stock llama.cpp" in result.output
+
+
+def test_the_overall_rows_are_the_all_rows_or_the_only_workloads():
+    rows = [{"workload": w, "engine": e} for w in ("a", "b", "all") for e in ("x", "y")]
+    assert stock.overall_rows(rows) == rows[4:]
+    assert stock.overall_rows(rows[:2]) == rows[:2]  # one workload: no "all" rows are made

@@ -470,6 +470,13 @@ def build_rows(result: StockResult) -> list[dict]:
     return [_row(name, rounds, engine, result.max_tokens) for name, rounds in groups for engine in result.engines]
 
 
+def overall_rows(rows: list[dict]) -> list[dict]:
+    """The rows over every workload: the "all" rows, or the only workload's when there is one (and no "all")."""
+    workloads = {row["workload"] for row in rows}
+    overall = workloads if len(workloads) == 1 else {"all"}
+    return [row for row in rows if row["workload"] in overall]
+
+
 def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) -> dict:
     by_prompt: dict[tuple[str, str], list[Round]] = {}
     for r in rounds:
