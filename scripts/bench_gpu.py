@@ -265,7 +265,8 @@ def stock_comparison(report: Report, directory: Path, stock: Path, out: Path, gp
     """``localspec bench --vs-llama-cpp`` in its own process (its kernel choice is process-wide)."""
     from localspec.bench.stock import overall_rows
 
-    json_path, prompts = out / "stock.json", out / "stock-prompts.jsonl"
+    # The prompts beside the models: a lent machine sends back at most 8 files from OUT.
+    json_path, prompts = out / "stock.json", directory / "stock-prompts.jsonl"
     # The first prompt of each workload: every stock run is a process that loads its model again.
     workloads = Path(__file__).resolve().parents[1] / "localspec" / "bench" / "workloads"
     prompts.write_text("".join((workloads / f"{name}.jsonl").read_text().splitlines(keepends=True)[0]
