@@ -49,7 +49,10 @@ def load_gpu_build_first() -> None:
         return
     directory = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(next(iter(spec.submodule_search_locations))) / "lib"
     if any(Path(directory).glob("libggml-cuda*")):
-        load_llama_cpp()
+        try:
+            load_llama_cpp()
+        except Exception:  # a broken build: the command that needs it says so (doctor: "cannot be imported")
+            return
 
 
 def lib_dir() -> Path:
