@@ -51,7 +51,7 @@ LOCALSPEC = ("-c", "import llama_cpp, runpy, sys; sys.argv[0] = 'localspec'; run
 
 from scripts.bench_moe import SHAPES as MOE_SHAPES  # noqa: E402
 from scripts.make_hybrid_model import vocabulary  # noqa: E402
-from tests.tiny_models import TinySpec, write_tiny_model  # noqa: E402
+from tests.tiny_models import TinySpec, quantize_tiny_model, write_tiny_model  # noqa: E402
 
 QUANT = "Q4_K_M"  # what qwen-coder-1.5b ships for both models
 # Qwen2.5-Coder 1.5B and 0.5B (llama.cpp's qwen2 graph is llama's plus attention biases), tied embeddings.
@@ -106,22 +106,16 @@ def write_models(directory: Path, quick: bool) -> None:
 
 def quantize_models(directory: Path) -> None:
     """llama.cpp's own quantizer (through the binding, so the libraries this report measures), every core."""
-    import ctypes
-
-    from localspec.engine.library import load_llama_cpp
-
-    llama_cpp = load_llama_cpp()  # its log quiet unless LOCALSPEC_DEBUG is set
     for name in SHAPES:
         source, path = model_path(directory, name), model_path(directory, name, QUANT)
         if path.exists() or not source.exists():
             continue
         started = time.perf_counter()
         partial = path.with_suffix(".partial")
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{QUANT}")
-        params.nthread = os.cpu_count() or 1
-        if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
-            raise SystemExit(f"llama.cpp could not quantize {source} to {QUANT}")
+        try:
+            quantize_tiny_model(source, partial, QUANT, threads=0)
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from exc
         partial.rename(path)
         print(f"quantized {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s",
               flush=True)
@@ -153,15 +147,14 @@ class Report:
 
 def machine_lines(cpu: bool) -> list[str]:
     from localspec.engine.library import load_llama_cpp
+    from localspec.engine.machine import cpu_model
 
     gpu = "none (--cpu)"
     if not cpu:
         query = ["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader"]
         gpu = subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip() or "not found"
-    processor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "unknown")
     system = load_llama_cpp().llama_print_system_info().decode()
-    return [f"- GPU: {gpu}", f"- CPU: {processor}, {os.cpu_count()} cores", f"- llama.cpp: {system}"]
+    return [f"- GPU: {gpu}", f"- CPU: {cpu_model()}, {os.cpu_count()} cores", f"- llama.cpp: {system}"]
 
 
 def pass_curves(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool, brief: bool) -> None:
@@ -203,8 +196,7 @@ def method_rounds(report: Report, directory: Path, gpu_layers: int, threads: int
                         draft=model_path(directory, "draft-0.5b", QUANT))
     options = ModelOptions(n_ctx=4096, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers)
     decoder = open_decoder(pair, options, history=False)
-    one_row_s, _ = pass_costs(decoder.target, sizes=(1,), reps=15)  # after 256 tokens, the report's yardstick
-    one_row_s = one_row_s[1]
+    one_row_s = pass_costs(decoder.target, sizes=(1,), reps=15)[0][1]  # after 256 tokens: the yardstick
     prompts = [BenchPrompt(name, name, (text,)) for name, text in PROMPTS.items()][: 1 if quick else None]
     max_tokens = 32 if quick else 128 if brief else 256
     settings = BenchSettings([Config(m) for m in METHODS], runs=1 if quick or brief else 3, max_tokens=max_tokens)

@@ -34,7 +34,6 @@ llama-cpp-python, so no separate llama.cpp build is needed.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 # The writer lives with the tests (tests/tiny_models.py); the repository root makes it importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.tiny_models import TinySpec, default_vocab, write_tiny_model  # noqa: E402
+from tests.tiny_models import TinySpec, default_vocab, quantize_tiny_model, write_tiny_model  # noqa: E402
 
 N_VOCAB = 248320
 N_LAYERS = 24
@@ -98,15 +97,12 @@ def make_hybrid_model(path: Path, spec: TinySpec, *, quant_type: str | None = No
     """Write ``spec`` to ``path`` (f16), quantized to ``quant_type`` if given."""
     if quant_type is None:
         return write_tiny_model(path, spec)
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant_type}")
     with tempfile.TemporaryDirectory(prefix="hybrid-f16-", dir=path.parent) as tmp:
         f16 = write_tiny_model(Path(tmp) / "model-f16.gguf", spec)
-        if llama_cpp.llama_model_quantize(str(f16).encode(), str(path).encode(), ctypes.byref(params)) != 0:
-            raise SystemExit(f"llama.cpp could not quantize {f16} to {quant_type}")
-    return path
+        try:
+            return quantize_tiny_model(f16, path, quant_type, threads=0)
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> None:

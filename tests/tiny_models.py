@@ -488,14 +488,16 @@ def _add_value(writer: gguf.GGUFWriter, key: str, value) -> None:
         writer.add_array(key, list(value))
 
 
-def quantize_tiny_model(source: Path, path: Path, ftype: str) -> Path:
+def quantize_tiny_model(source: Path, path: Path, ftype: str, *, threads: int = 1) -> Path:
     """``source`` quantized by llama.cpp's own quantizer to ``ftype`` ("Q4_K_M", "Q6_K", ...: a
-    ``LLAMA_FTYPE_MOSTLY_*`` name), as real GGUFs are. K-quants need rows of a multiple of 256 columns."""
-    import llama_cpp
+    ``LLAMA_FTYPE_MOSTLY_*`` name), as real GGUFs are, on ``threads`` threads (0: every core). K-quants need
+    rows of a multiple of 256 columns."""
+    from localspec.engine.library import load_llama_cpp
 
+    llama_cpp = load_llama_cpp()  # its log quiet unless LOCALSPEC_DEBUG is set
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = 1
+    params.nthread = threads
     if llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source} to {ftype}")
     return path

@@ -44,21 +44,35 @@ def load_gpu_build_first() -> None:
     imported numpy before llama-cpp-python segfaulted at its first model load, and one that loaded
     llama-cpp-python first ran (the cause is not established). A CPU build is left to load when a model is.
     """
-    spec = importlib.util.find_spec("llama_cpp")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations or "numpy" in sys.modules:
-        return
-    directory = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(next(iter(spec.submodule_search_locations))) / "lib"
-    if any(Path(directory).glob("libggml-cuda*")):
+    directory = _installed_lib_dir()
+    if directory is not None and "numpy" not in sys.modules and any(directory.glob("libggml-cuda*")):
         try:
             load_llama_cpp()
         except Exception:  # a broken build: the command that needs it says so (doctor: "cannot be imported")
             return
 
 
+def _installed_lib_dir() -> Path | None:
+    """Where llama-cpp-python loads llama.cpp's shared libraries from (it honours LLAMA_CPP_LIB_PATH too),
+    found without importing it; None when it is not installed."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(next(iter(spec.submodule_search_locations))) / "lib")
+
+
 def lib_dir() -> Path:
-    """Where llama-cpp-python loads llama.cpp's shared libraries from (it honours LLAMA_CPP_LIB_PATH too)."""
-    llama_cpp = load_llama_cpp()
-    return Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
+    """Where llama-cpp-python loads llama.cpp's shared libraries from, once it has loaded them."""
+    load_llama_cpp()
+    directory = _installed_lib_dir()
+    assert directory is not None  # the package was just imported
+    return directory
+
+
+def _library_file(directory: Path, name: str) -> Path | None:
+    """A shared library of llama.cpp's by its name without prefix and suffix ("ggml-cpu"), on any platform."""
+    return next((directory / f for f in (f"lib{name}.so", f"lib{name}.dylib", f"{name}.dll") if (directory / f).exists()),
+                None)
 
 
 def loaded_cpu_library() -> Path | None:
@@ -71,10 +85,7 @@ def loaded_cpu_library() -> Path | None:
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and Path(fields[5]).name.startswith("libggml-cpu."):
                 return Path(fields[5])
-    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
-        if (directory / name).exists():
-            return directory / name
-    return None
+    return _library_file(directory, "ggml-cpu")
 
 
 _GGML_DEVICE_GPU = 1  # ggml-backend.h: enum ggml_backend_dev_type, GGML_BACKEND_DEVICE_TYPE_GPU
@@ -84,8 +95,7 @@ def gpu_devices() -> list[str]:
     """The GPUs llama.cpp's backends see, as "CUDA0: NVIDIA H100 80GB HBM3, 79.1 of 79.2 GiB free"; empty
     for a CPU-only build (or one whose ggml does not export the device registry)."""
     directory = lib_dir()  # imports llama_cpp, which registers the backends
-    path = next((directory / name for name in ("libggml.so", "libggml.dylib", "ggml.dll") if (directory / name).exists()),
-                None)
+    path = _library_file(directory, "ggml")
     if path is None:
         return []
     ggml = ctypes.CDLL(str(path))
