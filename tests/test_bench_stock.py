@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,9 @@ def test_llama_completion_timings_and_answer_are_read_from_its_real_output(name)
     assert run.prefill_s == pytest.approx(expected["prompt_eval_ms"] / 1e3)
     # The decode's one-token passes and its share of choosing tokens (all sampled tokens but the first).
     runs = expected["eval_runs"]
-    assert run.decode_s == pytest.approx((expected["eval_ms"] + expected["sampling_ms"] * runs / (runs + 1)) / 1e3)
+    choosing_s = expected["sampling_ms"] * runs / (runs + 1) / 1e3
+    assert run.decode_s == pytest.approx(expected["eval_ms"] / 1e3 + choosing_s)
+    assert run.choosing_s == pytest.approx(choosing_s) and run.choosing_s > 0
     assert run.drafted is None and run.accepted is None
 
 
@@ -134,7 +137,7 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     edit, chat = BenchPrompt("code-edit", "a", ("p",)), BenchPrompt("chat", "b", ("q",))
     rounds = [
         # Two runs on one prompt: the machine slowed down in the second, the ratio did not move.
-        Round(edit, {base.label: _run(20.0), spec.label: _run(30.0, "same", 10, 5), mine.label: _run(19.0)}),
+        Round(edit, {base.label: replace(_run(20.0), choosing_s=0.5), spec.label: _run(30.0, "same", 10, 5), mine.label: _run(19.0)}),
         # The second run's last draft was accepted past the budget of 100 tokens.
         Round(edit, {base.label: _run(10.0), spec.label: _run(15.0, "same", 10, 7, 148), mine.label: _run(9.5)}),
         Round(chat, {base.label: _run(20.0, "x=1"), spec.label: _run(20.0, "x=2", 4, 0), mine.label: _run(20.0, "x=1")}),
@@ -156,6 +159,8 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     difference = {"prompt": "chat/b", "index": 2, "baseline": "1", "other": "2"}
     assert by["chat", spec.label]["differences"] == [difference]
     assert by["chat", mine.label]["identical"] is True
+    # Stock's sampler time, as a share of its decode: 0.5 of 5 s in one run of two, none in the other.
+    assert by["code-edit", base.label]["choosing_share"] == 0.05 and by["code-edit", mine.label]["choosing_share"] == 0
     # Over all slices: the geometric mean of the per-prompt ratios, drafts pooled.
     assert by["all", spec.label]["decode_ratio"] == pytest.approx((1.5 * 1.0) ** 0.5, abs=1e-3)
     assert by["all", spec.label]["acceptance_rate"] == pytest.approx(12 / 24, abs=1e-4)
@@ -251,6 +256,9 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
         assert row["decoded_tokens"] >= 15, row
     baseline = [r for r in rows if r["engine"] == stock.STOCK_BASELINE.label]
     assert all(r["decode_ratio"] == 1.0 and r["prefill_ratio"] == 1.0 for r in baseline)
+    # Its sampler's share of the decode is said beside the table, so no ratio passes for a faster pass.
+    assert all(r["choosing_share"] > 0 for r in baseline)
+    assert "choosing each token (its sampler chain)" in result.output
     drafting = [r for r in rows if r["engine"] in ("stock draft-simple", "localspec draft k=auto")]
     assert all(r["drafted"] > 0 for r in drafting)
     assert "vs stock llama.cpp" in result.output

@@ -43,6 +43,8 @@ JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target`
      "decoded_tokens": float,                         # tokens the decode rate counts, per answer
      "past_budget": float,                            # of those, decoded past max_tokens (a draft accepted
                                                       # past -n: the rate and acceptance count it)
+     "choosing_share": float | null,                  # of the decode time, choosing tokens outside the passes
+                                                      # (llama-completion's sampling time; 0 where not apart)
      "identical": bool,                               # every answer agrees with stock llama-completion's
      "differences": [{"prompt": str, "index": int, "baseline": str, "other": str}, ...]}  # first per prompt
 """
@@ -126,6 +128,7 @@ class EngineRun:
     drafted: int | None = None  # None where the engine does not draft
     accepted: int | None = None
     stopped: bool = False  # ended with an end-of-generation token, not at the token budget
+    choosing_s: float = 0.0  # of decode_s, the time spent choosing tokens apart from the passes (stock's sampler)
 
     @property
     def decode_tok_per_s(self) -> float | None:
@@ -204,15 +207,17 @@ def parse_completion(stdout: bytes, log: str) -> EngineRun:
     decode = _search(_PERF_EVAL, log, "llama-completion")
     sampling = _search(_PERF_SAMPLING, log, "llama-completion")
     runs = int(decode[2])
+    choosing_s = float(sampling[1]) * runs / (runs + 1) / 1e3
     answer = stdout.removesuffix(_COMPLETION_TAIL)  # logged before the timings, so present with them
     stopped = answer.endswith(_END_OF_TEXT)
     return EngineRun(
         answer.removesuffix(_END_OF_TEXT).decode("utf-8", "replace"),
         decode_tokens=runs,
-        decode_s=(float(decode[1]) + float(sampling[1]) * runs / (runs + 1)) / 1e3,
+        decode_s=float(decode[1]) / 1e3 + choosing_s,
         prefill_tokens=int(prompt[2]),
         prefill_s=float(prompt[1]) / 1e3,
         stopped=stopped,
+        choosing_s=choosing_s,
     )
 
 
@@ -520,6 +525,8 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         "acceptance_rate": _round(accepted / drafted, 4) if drafted else None,
         "decoded_tokens": _round(_mean(per_prompt(lambda r: r.runs[label].decode_tokens)), 1),
         "past_budget": _round(_mean(per_prompt(lambda r: max(0, r.runs[label].decode_tokens - max_tokens))), 1),
+        "choosing_share": _round(_mean(per_prompt(
+            lambda r: r.runs[label].choosing_s / r.runs[label].decode_s if r.runs[label].decode_s > 0 else None)), 4),
         "identical": not differences,
         "differences": differences,
     }

@@ -43,7 +43,12 @@ def _report_llama(cpu_flags: list[str]) -> bool:
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]",
             markup=True,
         )
-    out.prose(f"verification kernels: {kernels.kernels_description(build.kernels)}")
+    if build.gpu_offload:
+        # Layers are offloaded by default, and the GPU kernels are not batch-invariant: say which applies where.
+        out.prose(f"verification kernels with layers on the GPU (the default): {kernels.kernels_description(kernels.FAST)}")
+        out.prose(f"verification kernels on the CPU (--gpu-layers 0, or --exact): {kernels.kernels_description(build.kernels)}")
+    else:
+        out.prose(f"verification kernels: {kernels.kernels_description(build.kernels)}")
     if build.kernels != kernels.EXACT:
         err.prose(
             "[bold yellow]note: this llama.cpp build lacks localspec's exact-kernel patch: greedy output is lossless "
