@@ -210,32 +210,6 @@ def test_check_names_a_models_heads_alone_and_in_a_pair(make_tiny_model, tiny_ta
     assert "target: no built-in drafting heads" in heads_detail(report) and "draft: 1 MTP head" in heads_detail(report)
 
 
-def write_eagle3_head(path, *, hidden: int, layers: list[int]):
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "eagle3")
-    writer.add_uint32("eagle3.target_hidden_size", hidden)
-    writer.add_array("eagle3.target_layers", layers)
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(1)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
-    return path
-
-
-def test_an_eagle3_companion_is_refused_up_front_with_the_pairing_rules(tmp_path, tiny_target):
-    fitting = write_eagle3_head(tmp_path / "eagle3.gguf", hidden=64, layers=[0, 1, 1])
-    code, report = check_json(str(tiny_target), str(fitting))
-    refusal = "The draft is an EAGLE-3 head for another model: localspec cannot run it yet"
-    assert code == 1 and report["first_reason"].startswith(refusal)
-    assert "would not fit" not in report["first_reason"]
-    wrong = write_eagle3_head(tmp_path / "eagle3-wrong.gguf", hidden=128, layers=[0, 1, 7])
-    _, report = check_json(str(tiny_target), str(wrong))
-    assert "width 128, the target's are 64" in report["first_reason"]
-    assert "target layers [7], the target has 2" in report["first_reason"]
-
-
 def test_doctor_and_profiles_name_the_head(make_tiny_model):
     from localspec.cli.app import app
     from localspec.cli.doctor import _memory_line

@@ -469,6 +469,63 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     return path
 
 
+def write_tiny_eagle3_head(path: Path, target: TinySpec, layers: tuple[int, ...], *, seed: int = 7) -> Path:
+    """An EAGLE-3 head for ``target`` (llama.cpp's eagle3 architecture): one decoder block over the token
+    embedding and g, g = fc(the inputs of target ``layers`` side by side), random weights. It carries no
+    embeddings or output projection of its own, so llama.cpp lends the target's (same width), and the
+    target's tokenizer, as converted heads do."""
+    d, n_head, head_dim, ff = target.n_embd, target.n_head, _head_dim(target), target.n_ff
+    writer = gguf.GGUFWriter(str(path), "eagle3")
+    writer.add_name(f"tiny-eagle3-{seed}")
+    writer.add_context_length(target.n_ctx)
+    writer.add_embedding_length(d)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_array("eagle3.target_layers", list(layers))
+    writer.add_uint32("eagle3.target_hidden_size", d)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model(target.tokenizer_model)
+    writer.add_token_list(target.tokens)
+    writer.add_token_scores(target.scores or [-float(i) for i in range(len(target.tokens))])
+    writer.add_token_types(target.token_types or _types_for(target.tokens))
+    writer.add_bos_token_id(target.bos_id)
+    writer.add_eos_token_id(target.eos_id)
+    writer.add_unk_token_id(0)
+    if target.chat_template is not None:
+        writer.add_chat_template(target.chat_template)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
+        return rng.normal(0.0, scale, size=(rows, cols)).astype(np.float32)
+
+    tensors = {
+        "fc.weight": mat(d, len(layers) * d),
+        "output_norm.weight": _ones(d),
+        "blk.0.attn_norm.weight": _ones(d),
+        "blk.0.attn_norm_2.weight": _ones(d),
+        # q, k and v read the token embedding and g side by side
+        "blk.0.attn_q.weight": mat(n_head * head_dim, 2 * d),
+        "blk.0.attn_k.weight": mat(n_head * head_dim, 2 * d),
+        "blk.0.attn_v.weight": mat(n_head * head_dim, 2 * d),
+        "blk.0.attn_output.weight": mat(d, n_head * head_dim),
+        "blk.0.ffn_norm.weight": _ones(d),
+        "blk.0.ffn_gate.weight": mat(ff, d),
+        "blk.0.ffn_up.weight": mat(ff, d),
+        "blk.0.ffn_down.weight": mat(d, ff),
+    }
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def tiny_model_bytes(spec: TinySpec | None = None) -> bytes:
     """A tiny model's file contents, for serving it from a fake index or Hub."""
     with tempfile.TemporaryDirectory(prefix="tiny-model-") as tmp:

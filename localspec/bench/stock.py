@@ -89,8 +89,9 @@ class Engine:
     label: str
     tool: str | None = None  # the stock binary; None for localspec
     args: tuple[str, ...] = ()
-    uses_draft: bool = False
+    uses_draft: bool = False  # a draft model given as the pair's draft
     uses_head: bool = False  # runs the target's own MTP head: only where it has one
+    uses_eagle3: bool = False  # an EAGLE-3 head given as the pair's draft
     config: Config | None = None  # localspec's configuration
 
     @property
@@ -108,6 +109,7 @@ STOCK_ENGINES = (
     Engine("stock draft-simple", "llama-speculative-simple", ("--spec-type", "draft-simple"), uses_draft=True),
     Engine("stock llama-lookup", "llama-lookup"),
     Engine("stock draft-mtp", "llama-speculative-simple", ("--spec-type", "draft-mtp"), uses_head=True),
+    Engine("stock draft-eagle3", "llama-speculative-simple", ("--spec-type", "draft-eagle3"), uses_eagle3=True),
 )
 STOCK_TOOLS = tuple(dict.fromkeys(e.tool for e in STOCK_ENGINES))
 
@@ -322,8 +324,9 @@ class StockComparison:
         self.runner = BenchRunner(
             decoder, BenchSettings(settings.configs, runs=settings.runs, max_tokens=settings.max_tokens)
         )
-        head = decoder.controller.mtp_head == ""
-        stock = [e for e in STOCK_ENGINES if (draft is not None or not e.uses_draft) and (head or not e.uses_head)]
+        has = {"uses_draft": decoder.draft is not None, "uses_head": decoder.controller.mtp_head == "",
+               "uses_eagle3": decoder.eagle3 is not None}
+        stock = [e for e in STOCK_ENGINES if all(present or not getattr(e, need) for need, present in has.items())]
         self.engines = stock + [localspec_engine(c) for c in self.runner.settings.all_configs]
 
     def run(self, prompts: Sequence[BenchPrompt]) -> StockResult:
@@ -435,6 +438,8 @@ class StockComparison:
             command += ["-ngl", _gpu_layers(self.target.n_gpu_layers)]
             if engine.uses_draft:
                 command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.draft_model.model.n_gpu_layers)]
+            elif engine.uses_eagle3:  # the head sits beside the target's layers, where they are
+                command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.target.n_gpu_layers)]
             try:
                 done = subprocess.run(command, capture_output=True, env=env, timeout=TOOL_TIMEOUT_S, check=False)
             except subprocess.TimeoutExpired as exc:

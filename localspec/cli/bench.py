@@ -36,7 +36,7 @@ from localspec.engine.controller import METHODS, check_method
 from localspec.errors import UsageError
 
 # mtp joins the defaults where the target has an MTP head (see bench_command).
-DEFAULT_METHODS = ",".join(m for m in METHODS if m != "mtp")
+DEFAULT_METHODS = ",".join(m for m in METHODS if m not in ("mtp", "eagle3"))
 QUICK_METHODS = "none,lookup,auto"
 QUICK_MAX_TOKENS = 96
 QUICK_RUNS = 1
@@ -128,9 +128,11 @@ def bench_command(
         )
     if methods is None and decoder.controller.mtp_head == "":
         configs += _configs(["mtp"], _draft_lens(draft_len))
+    if methods is None and decoder.controller.eagle3_head == "":
+        configs += _configs(["eagle3"], _draft_lens(draft_len))
     for config in configs:
         check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head,
-                     draft_fix="pass --draft PATH or use --profile")
+                     eagle3_head=decoder.controller.eagle3_head, draft_fix="pass --draft PATH or use --profile")
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

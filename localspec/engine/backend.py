@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,6 +123,9 @@ class LlamaModel:
         # With capture_hidden: row p is the last hidden state of the token at position p, written by every
         # pass over p, so rows below n_past always belong to the tokens the memory holds.
         self.hidden: np.ndarray | None = None
+        # Per position, the inputs of the target layers an EAGLE-3 head reads, side by side (None: not kept).
+        self.features: np.ndarray | None = None
+        self._feature_layers: tuple[int, ...] = ()
         self._removable = 0  # trailing positions the last pass's snapshots can remove in place, once
         self._checkpoint: _Checkpoint | None = None
         self.replayed_tokens = 0  # tokens evaluated again because a rollback could not keep them
@@ -343,6 +347,8 @@ class LlamaModel:
         code = self._lib.llama_decode(self._ctx.ctx, batch)
         if code == 0 and self.hidden is not None:
             self._keep_hidden(n_past, len(chunk))
+        if code == 0 and self.features is not None:
+            self._keep_features(n_past, len(chunk))
         if code != 0:
             # The memory may hold part of the chunk; drop it so `tokens` stays the truth. A recurrent state
             # cannot say how far it got, so it starts over.
@@ -376,14 +382,41 @@ class LlamaModel:
     def n_embd_out(self) -> int:
         return int(self._lib.llama_model_n_embd_out(self._model.model)) or self._model.n_embd()
 
+    def capture_layer_inputs(self, layers: Sequence[int]) -> None:
+        """From now on keep, per position, the inputs of trunk ``layers`` side by side in ``features`` (what
+        an EAGLE-3 head reads); the target's graph must expose them (gguf/heads.py lists which do)."""
+        if self.features is None:
+            self.reset()  # what the memory holds now was evaluated without them
+            keep, _ = _layer_input_calls()
+            for layer in layers:
+                keep(self._ctx.ctx, layer, True)
+            self._feature_layers = tuple(layers)
+            self.features = np.zeros((0, len(layers) * self.n_embd), dtype=np.float32)
+
+    @property
+    def n_embd(self) -> int:
+        return int(self._model.n_embd())
+
     def _keep_hidden(self, n_past: int, n: int) -> None:
         pointer = llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx)
-        rows = np.ctypeslib.as_array(pointer, shape=(n, self.n_embd_out))
-        if len(self.hidden) < n_past + n:  # grows by doubling, up to the context size
-            grown = np.zeros((min(self.n_ctx, max(2 * len(self.hidden), n_past + n, 64)), self.n_embd_out), np.float32)
-            grown[: len(self.hidden)] = self.hidden
-            self.hidden = grown
-        self.hidden[n_past : n_past + n] = rows
+        self.hidden = self._grown(self.hidden, n_past + n)
+        self.hidden[n_past : n_past + n] = np.ctypeslib.as_array(pointer, shape=(n, self.n_embd_out))
+
+    def _keep_features(self, n_past: int, n: int) -> None:
+        _, read = _layer_input_calls()
+        self.features = self._grown(self.features, n_past + n)
+        width = self.n_embd
+        for i, layer in enumerate(self._feature_layers):
+            rows = np.ctypeslib.as_array(read(self._ctx.ctx, layer), shape=(n, width))
+            self.features[n_past : n_past + n, i * width : (i + 1) * width] = rows
+
+    def _grown(self, rows: np.ndarray, needed: int) -> np.ndarray:
+        """``rows`` with room for ``needed`` positions: grown by doubling, up to the context size."""
+        if len(rows) >= needed:
+            return rows
+        grown = np.zeros((min(self.n_ctx, max(2 * len(rows), needed, 64)), rows.shape[1]), np.float32)
+        grown[: len(rows)] = rows
+        return grown
 
     def cost_identity(self) -> str:
         """What sets this model's pass costs on this machine: file, threads, offload, kernels, build, CPU."""
@@ -417,6 +450,8 @@ class LlamaModel:
         other._checkpoint = None
         other.replayed_tokens = 0
         other.hidden = None
+        other.features = None
+        other._feature_layers = ()
         return other
 
     def close(self) -> None:
@@ -425,33 +460,20 @@ class LlamaModel:
                 getattr(self, part).close()
 
 
-class MtpHead:
-    """A model's built-in MTP head (loaded with ``load_mtp``) on a context of its own beside the target's.
+class _HeadContext:
+    """A drafting head's own context beside the target's: each KV entry is built from a token and a state
+    row (the target's, or the head's own when chaining). ``tokens`` mirrors the entries; ``eval`` appends
+    entries and returns the last one's logits (the head's guess of the next token) and the head's own state
+    there, which a chained step feeds back where the target's is not known yet. Its memory is a plain KV
+    cache, so it rolls back anywhere. Subclasses open ``_ctx`` and set ``n_embd``, ``n_vocab``, ``n_batch``,
+    ``_lib`` and ``_name``, then call ``_init_batch``."""
 
-    Entry p of the head's KV cache is built from the token at p and the target's last hidden state at
-    p - 1 (``LlamaModel.hidden``); ``tokens`` mirrors the entries. ``eval`` appends entries and returns
-    the last one's logits (the head's guess of the token after it) and the head's own hidden state, which
-    a chained step feeds back where the target's is not known yet. Its memory is a plain KV cache (the head
-    is one attention block, on hybrid targets too), so it rolls back anywhere.
-    """
+    # A head whose graph computes logits for every row of a pass: llama.cpp then copies out the first rows,
+    # as many as the batch flags, so a pass that wants the last row's must flag them all.
+    _logits_for_every_row = False
 
-    def __init__(self, target: LlamaModel) -> None:
-        if not target.mtp_layers:
-            raise LocalspecError(f"{target.path.name} has no MTP head loaded")
-        lib = self._lib = target._lib
-        params = type(target._context_params).from_buffer_copy(target._context_params)
-        params.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx.ctx
-        params.n_rs_seq = 0
-        self.n_embd = target.n_embd_out
-        self.n_vocab = target.n_vocab
-        self.n_batch = target.n_batch
-        try:
-            self._ctx = target._internals.LlamaContext(model=target._model, params=params, verbose=False)
-        except ValueError as exc:
-            raise LocalspecError(f"llama.cpp could not open the MTP head of {target.path.name}: {exc}") from exc
-        # Unmasked: the pinned build's masked copy takes a batch's first rows, not its logits rows.
-        llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, False)
+    def _init_batch(self) -> None:
+        lib = self._lib
         self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)
         # llama_batch_init allocates either tokens or embeddings; the head's graph reads both.
         self._token_buffer = (lib.llama_token * self.n_batch)()
@@ -462,19 +484,22 @@ class MtpHead:
     def eval(
         self, tokens: Sequence[int], hidden: np.ndarray, *, logits: bool = True
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Append entries for ``tokens`` (``hidden[i]``: the target's hidden state before ``tokens[i]``);
-        with ``logits``, return (the last entry's logits, the head's hidden state there)."""
+        """Append entries for ``tokens`` (``hidden[i]``: the state row the head reads with ``tokens[i]``);
+        with ``logits``, return (the last entry's logits, the head's own state there)."""
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             n_past = len(self.tokens)
             last = len(tokens) - 1 - start  # the one entry with logits, when it is in this chunk
-            _fill_batch(batch, chunk, n_past, last if logits else len(chunk))
+            first_logit = last if logits else len(chunk)
+            if self._logits_for_every_row and first_logit < len(chunk):
+                first_logit = 0
+            _fill_batch(batch, chunk, n_past, first_logit)
             self._embd[: len(chunk)] = hidden[start : start + len(chunk)]
             code = self._lib.llama_decode(self._ctx.ctx, batch)
             if code != 0:
                 self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
-                raise LocalspecError(f"llama_decode of the MTP head failed with code {code} at position {n_past}")
+                raise LocalspecError(f"llama_decode of {self._name} failed with code {code} at position {n_past}")
             self.tokens.extend(chunk)
         if not logits:
             return None
@@ -486,7 +511,7 @@ class MtpHead:
     def rollback(self, n_past: int) -> None:
         if n_past < len(self.tokens):
             if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1):
-                raise LocalspecError(f"llama.cpp refused to roll the MTP head back to position {n_past}")
+                raise LocalspecError(f"llama.cpp refused to roll {self._name} back to position {n_past}")
             del self.tokens[n_past:]
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
@@ -500,6 +525,100 @@ class MtpHead:
             self._ctx.close()
 
 
+class MtpHead(_HeadContext):
+    """A model's built-in MTP head (loaded with ``load_mtp``) on a context of its own beside the target's.
+
+    Entry p of the head's KV cache is built from the token at p and the target's last hidden state at
+    p - 1 (``LlamaModel.hidden``). The head is one attention block, on hybrid targets too.
+    """
+
+    def __init__(self, target: LlamaModel) -> None:
+        if not target.mtp_layers:
+            raise LocalspecError(f"{target.path.name} has no MTP head loaded")
+        lib = self._lib = target._lib
+        params = type(target._context_params).from_buffer_copy(target._context_params)
+        params.ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx.ctx
+        params.n_rs_seq = 0
+        self.n_embd = target.n_embd_out
+        self.n_vocab = target.n_vocab
+        self.n_batch = target.n_batch
+        self._name = "the MTP head"
+        try:
+            self._ctx = target._internals.LlamaContext(model=target._model, params=params, verbose=False)
+        except ValueError as exc:
+            raise LocalspecError(f"llama.cpp could not open the MTP head of {target.path.name}: {exc}") from exc
+        # Unmasked: the pinned build's masked copy takes a batch's first rows, not its logits rows.
+        llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, False)
+        self._init_batch()
+
+
+class Eagle3Head(_HeadContext):
+    """An EAGLE-3 head (a companion GGUF) on a context of its own beside the target's.
+
+    Entry e of its KV cache, at position e, is built from the token at context position e + 1 and g at e:
+    the head's encoding (``encode``) of the target's layer inputs at e (``LlamaModel.features``), as
+    llama.cpp's own EAGLE-3 loop lays them out (common/speculative.cpp). The head lends the target's
+    embeddings and output projection where its file has none.
+    """
+
+    _logits_for_every_row = True  # the pinned src/models/eagle3.cpp selects no output rows
+
+    def __init__(self, path: Path, target: LlamaModel, features: int) -> None:
+        lib = self._lib = target._lib
+        self._name = f"the EAGLE-3 head {Path(path).name}"
+        model_params = lib.llama_model_default_params()
+        model_params.n_gpu_layers = target.n_gpu_layers
+        params = type(target._context_params).from_buffer_copy(target._context_params)
+        params.ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
+        params.ctx_other = target._ctx.ctx
+        params.n_rs_seq = 0
+        try:
+            self._model = target._internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
+            self._ctx = target._internals.LlamaContext(model=self._model, params=params, verbose=False)
+        except ValueError as exc:
+            raise LocalspecError(f"llama.cpp could not open {self._name}: {exc}; run 'localspec check' on the pair") from exc
+        self.n_embd = int(self._model.n_embd())
+        self.n_vocab = target.n_vocab
+        self.n_batch = target.n_batch
+        self.n_features = features
+        llama_cpp_ext().llama_set_embeddings_nextn(self._ctx.ctx, True, False)  # g, and the chained state
+        self._encoder_batch = lib.llama_batch_init(self.n_batch, features, 1)
+        self._encoder_embd = np.ctypeslib.as_array(self._encoder_batch.embd, shape=(self.n_batch, features))
+        self._init_batch()
+
+    @property
+    def n_params(self) -> int:
+        return int(self._model.n_params())
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """g for each row of the target's ``features`` (positions are placeholders after the last entry:
+        llama.cpp checks them against the memory, and the encoder stores nothing)."""
+        out = np.empty((len(features), self.n_embd), np.float32)
+        batch = self._encoder_batch
+        for start in range(0, len(features), self.n_batch):
+            chunk = features[start : start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            for i in range(len(chunk)):
+                batch.pos[i] = len(self.tokens) + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = True
+            self._encoder_embd[: len(chunk)] = chunk
+            code = self._lib.llama_encode(self._ctx.ctx, batch)
+            if code != 0:
+                raise LocalspecError(f"llama_encode of {self._name} failed with code {code}")
+            pointer = llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx)
+            out[start : start + len(chunk)] = np.ctypeslib.as_array(pointer, shape=(len(chunk), self.n_embd))
+        return out
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._encoder_batch)
+            super().close()
+            self._model.close()
+
+
 def _fill_batch(batch, tokens: Sequence[int], n_past: int, first_logit: int) -> None:
     """One sequence's ``tokens`` at positions from ``n_past``; those at index >= first_logit produce logits."""
     batch.n_tokens = len(tokens)
@@ -509,6 +628,29 @@ def _fill_batch(batch, tokens: Sequence[int], n_past: int, first_logit: int) -> 
         batch.n_seq_id[i] = 1
         batch.seq_id[i][0] = 0
         batch.logits[i] = i >= first_logit
+
+
+@functools.cache
+def _layer_input_calls():
+    """(keep, read): llama.cpp's staging calls that keep a layer's input per token during a pass and read
+    them back (llama-ext.h: what an EAGLE-3 head reads). The pinned binding leaves them out, so they are
+    resolved here by their exported names, as its own llama_cpp_ext resolves its functions."""
+    ext = llama_cpp_ext()
+    context = ext.llama_cpp.llama_context_p_ctypes
+
+    @ext._ctypes_function_from_names(
+        ("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb"),
+        [context, ctypes.c_uint32, ctypes.c_bool], None,
+    )
+    def keep(ctx, layer: int, value: bool, /) -> None: ...
+
+    @ext._ctypes_function_from_names(
+        ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj"),
+        [context, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float),
+    )
+    def read(ctx, layer: int, /): ...
+
+    return keep, read
 
 
 def llama_cpp_ext():

@@ -30,7 +30,7 @@ from localspec.engine.kernels import MAX_VERIFY_BATCH
 from localspec.engine.stats import Idle
 from localspec.errors import UsageError
 
-METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "auto")
+METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "eagle3", "auto")
 DEFAULT_METHOD = "auto"
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
 # The drafters each fixed method may use (hybrid: the draft model only where lookup offers nothing);
@@ -41,6 +41,7 @@ METHOD_SOURCES = {
     "draft": frozenset({Source.GRAMMAR, Source.DRAFT}),
     "hybrid": frozenset({Source.GRAMMAR, Source.LOOKUP, Source.DRAFT}),
     "mtp": frozenset({Source.GRAMMAR, Source.MTP}),
+    "eagle3": frozenset({Source.GRAMMAR, Source.EAGLE3}),
 }
 DRAFTER_KINDS = {cls.source: cls.kind for cls in DRAFTERS}
 DEFAULT_LOOKUP_MAX = 64
@@ -79,12 +80,14 @@ def check_method(
     *,
     has_draft_model: bool | None = None,
     mtp_head: str | None = None,
+    eagle3_head: str | None = None,
     given_as: str = "method",
     draft_fix: str = "open a pair with a draft model",
 ) -> str:
     """The one check of a method name, and (when ``has_draft_model`` / ``mtp_head`` are known) that it can run.
 
-    ``mtp_head``: why the target's MTP head cannot draft ("" when it can, None when not known).
+    ``mtp_head``: why the target's MTP head cannot draft ("" when it can, None when not known);
+    ``eagle3_head`` the same for an EAGLE-3 head given as the pair's draft.
 
     ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there;
     ``draft_fix`` says how that front end gives a draft model.
@@ -95,6 +98,8 @@ def check_method(
         raise UsageError(f"{given_as} {method} needs a draft model: {draft_fix}")
     if mtp_head and method == "mtp":
         raise UsageError(f"{given_as} mtp needs the target's own MTP head: {mtp_head}")
+    if eagle3_head and method == "eagle3":
+        raise UsageError(f"{given_as} eagle3 needs an EAGLE-3 head as the draft: {eagle3_head}")
     return method
 
 
@@ -123,6 +128,7 @@ class Controller:
         step_cost_ratios: model drafters that know their own prior step cost (an MTP head from its shapes),
             and need no loading; the others take ``draft_cost_ratio`` and ``draft_load_s``.
         mtp_head: why the target's MTP head cannot draft, "" when it can (see ``check_method``).
+        eagle3_head: the same for an EAGLE-3 head.
     """
 
     def __init__(
@@ -140,9 +146,11 @@ class Controller:
         drafters: Sequence[type] = DRAFTERS,
         step_cost_ratios: Mapping[str, float] = {},
         mtp_head: str | None = None,
+        eagle3_head: str | None = None,
     ) -> None:
         self.has_draft_model = has_draft_model
         self.mtp_head = mtp_head
+        self.eagle3_head = eagle3_head
         self.rollback_window = rollback_window
         self.speculation_off = speculation_off
         self._limits = (lookup_max, draft_max)
@@ -169,7 +177,8 @@ class Controller:
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
-        check_method(method, has_draft_model=self.has_draft_model, mtp_head=self.mtp_head)
+        check_method(method, has_draft_model=self.has_draft_model, mtp_head=self.mtp_head,
+                     eagle3_head=self.eagle3_head)
         if draft_len is not None and not 1 <= draft_len <= MAX_DRAFT_LEN:
             raise UsageError(f"draft length must be between 1 and {MAX_DRAFT_LEN}, got {draft_len}")
         lookup_max, draft_max = self._limits

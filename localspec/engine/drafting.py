@@ -49,6 +49,7 @@ class Source(str, Enum):
     SUFFIX = "suffix"  # copied from earlier answers (suffix decoding)
     DRAFT = "draft"  # a draft model
     MTP = "mtp"  # the target's own multi-token-prediction head
+    EAGLE3 = "eagle3"  # an EAGLE-3 head beside the target
 
     __str__ = str.__str__
     __format__ = str.__format__

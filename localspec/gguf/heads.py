@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from localspec.gguf.memory import architecture
 
@@ -19,10 +20,19 @@ MTP_ARCHITECTURES = frozenset({
 })
 # Companion heads: a draft GGUF of this architecture reads the target's hidden states.
 COMPANION_ARCHITECTURES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}
-# Why localspec cannot run a companion head with the pinned build.
-COMPANION_REFUSAL = (
-    "localspec cannot run it yet: it reads the target's layer inputs, which the pinned llama-cpp-python "
-    "does not bind (llama_set_embeddings_layer_inp); use the model's MTP head (--method mtp) or a draft model"
+# Targets whose pinned llama.cpp graph exposes its layer inputs (res->t_layer_inp in src/models/*.cpp), which
+# an EAGLE-3 head reads; on any other, llama.cpp aborts at the first pass (llama-graph.cpp's assert).
+LAYER_INPUT_ARCHITECTURES = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4", "gpt-oss",
+    "nemotron_h", "lfm2", "minimax-01", "minimax-m2", "mimo2", "bailingmoe3", "deepseek4", "hunyuan_vl",
+    "nanbeige", "muse-glimmer",
+})
+# The layers an EAGLE-3 head reads (llama.cpp's loop takes exactly three).
+EAGLE3_LAYERS = 3
+# Why localspec cannot run a DFlash head.
+DFLASH_REFUSAL = (
+    "localspec does not draft with DFlash heads yet (stock llama.cpp's --spec-type draft-dflash does); "
+    "use the model's MTP head (--method mtp), an EAGLE-3 head or a draft model"
 )
 
 
@@ -41,8 +51,10 @@ class Heads:
 
     def describe(self) -> str:
         """One line for people: the heads and whether localspec drafts with them."""
+        if self.architecture == "eagle3":
+            return "an EAGLE-3 head for another model: give it as the draft, --method eagle3 (and auto) draft with it"
         if self.companion:
-            return f"{self.companion} head for another model: {COMPANION_REFUSAL}"
+            return f"{self.companion} head for another model: {DFLASH_REFUSAL}"
         if not self.mtp_layers:
             return "no built-in drafting heads"
         heads = f"{self.mtp_layers} MTP head{'s' if self.mtp_layers > 1 else ''} (nextn_predict_layers)"
@@ -59,15 +71,40 @@ def model_heads(header: Mapping[str, object]) -> Heads:
     return Heads(arch, layers if isinstance(layers, int) and layers > 0 else 0, COMPANION_ARCHITECTURES.get(arch))
 
 
+@dataclass(frozen=True)
+class Eagle3Head:
+    """An EAGLE-3 head file, as the engine loads it beside its target."""
+
+    path: Path
+    layers: tuple[int, ...]  # the target layers whose inputs it reads
+
+
+def eagle3_head(path: Path, header: Mapping[str, object]) -> Eagle3Head | None:
+    """The EAGLE-3 head in ``path`` (its header already read), or None if the file is no such head."""
+    if architecture(header) != "eagle3":
+        return None
+    layers = header.get("eagle3.target_layers")
+    return Eagle3Head(path, tuple(layers) if isinstance(layers, list) else ())
+
+
 def companion_pairing(target: Mapping[str, object], head: Mapping[str, object]) -> list[str]:
-    """What keeps an EAGLE-3 head from reading ``target``: its hidden size and the layers it reads."""
+    """What keeps an EAGLE-3 head from reading ``target``: the target's graph, its hidden size and the
+    layers the head reads."""
     arch = architecture(head)
     problems = []
+    target_arch = architecture(target)
+    if target_arch not in LAYER_INPUT_ARCHITECTURES:
+        problems.append(
+            f"the pinned llama.cpp's {target_arch} graph does not expose its layer inputs, which the head reads "
+            f"(it does for {', '.join(sorted(LAYER_INPUT_ARCHITECTURES))})"
+        )
     hidden = head.get(f"{arch}.target_hidden_size")
     target_hidden = target.get(f"{architecture(target)}.embedding_length")
     if isinstance(hidden, int) and isinstance(target_hidden, int) and hidden != target_hidden:
         problems.append(f"it reads hidden states of width {hidden}, the target's are {target_hidden}")
     layers = head.get(f"{arch}.target_layers")
+    if not isinstance(layers, list) or len(layers) != EAGLE3_LAYERS:
+        problems.append(f"its {arch}.target_layers must name {EAGLE3_LAYERS} target layers, it has {layers!r}")
     blocks = target.get(f"{architecture(target)}.block_count")
     if isinstance(layers, list) and isinstance(blocks, int):
         blocks -= model_heads(target).mtp_layers  # MTP blocks come after the trunk
