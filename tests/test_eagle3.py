@@ -160,3 +160,22 @@ def test_the_stock_comparison_puts_draft_eagle3_beside_localspec_eagle3(stock_bi
     assert "stock draft-simple" not in rows
     assert rows["stock draft-eagle3"]["drafted"] > 0 and rows["localspec eagle3 k=auto"]["drafted"] > 0
     assert rows["localspec eagle3 k=auto"]["identical"]
+
+
+@pytest.mark.parametrize("spec", [
+    # Qwen3.5's hybrid layout: rejected drafts roll the recurrent state back (checkpoint and replay).
+    TinySpec(architecture="qwen35", seed=4, n_layers=4, logit_scale=4.0),
+    # Qwen3-Coder-30B-A3B's: attention and experts.
+    TinySpec(architecture="qwen3moe", seed=4, n_layers=3, logit_scale=4.0, head_dim=32,
+             n_expert=4, n_expert_used=2, n_ff_expert=32),
+], ids=["qwen35", "qwen3moe"])
+def test_greedy_output_on_hybrid_and_moe_targets_equals_target_alone(tmp_path, spec):
+    target = write_tiny_model(tmp_path / "target.gguf", spec)
+    pair = (target, write_tiny_eagle3_head(tmp_path / "head.gguf", spec, LAYERS))
+    baseline = make_decoder(pair, method="none")
+    prompt = baseline.target.tokenize(PROMPT, add_bos=True)
+    expected = generate(baseline, prompt)
+    for draft_len in (3, None):
+        decoder = make_decoder(pair, draft_len=draft_len)
+        assert generate(decoder, prompt) == expected, draft_len
+        assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0

@@ -474,7 +474,8 @@ def write_tiny_eagle3_head(path: Path, target: TinySpec, layers: tuple[int, ...]
     embedding and g, g = fc(the inputs of target ``layers`` side by side), random weights. It carries no
     embeddings or output projection of its own, so llama.cpp lends the target's (same width), and the
     target's tokenizer, as converted heads do."""
-    d, n_head, head_dim, ff = target.n_embd, target.n_head, _head_dim(target), target.n_ff
+    d, n_head, ff = target.n_embd, target.n_head, target.n_ff
+    head_dim = d // n_head  # its own attention, whatever the target's
     writer = gguf.GGUFWriter(str(path), "eagle3")
     writer.add_name(f"tiny-eagle3-{seed}")
     writer.add_context_length(target.n_ctx)
