@@ -179,3 +179,22 @@ def test_greedy_output_on_hybrid_and_moe_targets_equals_target_alone(tmp_path, s
         decoder = make_decoder(pair, draft_len=draft_len)
         assert generate(decoder, prompt) == expected, draft_len
         assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0
+
+
+def test_a_head_with_its_own_smaller_vocabulary_drafts_only_those_tokens(tmp_path, pair, baseline):
+    """Published heads draft from the target's 32k likeliest tokens (their own output projection and d2t,
+    the map back to the target's ids): llama.cpp gives every other token -inf, so none is ever drafted."""
+    head = write_tiny_eagle3_head(tmp_path / "head-d2t.gguf", TARGET, LAYERS, draft_vocab=20)
+    prompt, expected = baseline
+    decoder = make_decoder((pair[0], head), draft_len=4)
+    assert generate(decoder, prompt) == expected
+    assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0
+    context = prompt + expected
+    generate(decoder, context[:-1], max_tokens=1)
+    drafter = decoder.drafter(Source.EAGLE3)
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    state = RoundState(context, 4, sampling, np.random.default_rng(3))
+    draft = drafter.draft(drafter.offer(state), 4, state)
+    assert len(draft.tokens) == 4 and all(t < 20 for t in draft.tokens)
+    for q in draft.q:
+        assert q[:20].sum() == pytest.approx(1.0) and not q[20:].any()

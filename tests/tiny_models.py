@@ -469,11 +469,14 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     return path
 
 
-def write_tiny_eagle3_head(path: Path, target: TinySpec, layers: tuple[int, ...], *, seed: int = 7) -> Path:
+def write_tiny_eagle3_head(
+    path: Path, target: TinySpec, layers: tuple[int, ...], *, seed: int = 7, draft_vocab: int | None = None
+) -> Path:
     """An EAGLE-3 head for ``target`` (llama.cpp's eagle3 architecture): one decoder block over the token
-    embedding and g, g = fc(the inputs of target ``layers`` side by side), random weights. It carries no
-    embeddings or output projection of its own, so llama.cpp lends the target's (same width), and the
-    target's tokenizer, as converted heads do."""
+    embedding and g, g = fc(the inputs of target ``layers`` side by side), random weights, and the target's
+    tokenizer, as converted heads carry it. It has no embeddings of its own (llama.cpp lends the target's,
+    same width). Its output projection is the target's too, or with ``draft_vocab`` its own over the first
+    that many target tokens, mapped back by ``d2t`` (published heads draft from a 32k-token vocabulary)."""
     d, n_head, ff = target.n_embd, target.n_head, target.n_ff
     head_dim = d // n_head  # its own attention, whatever the target's
     writer = gguf.GGUFWriter(str(path), "eagle3")
@@ -488,11 +491,15 @@ def write_tiny_eagle3_head(path: Path, target: TinySpec, layers: tuple[int, ...]
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_array("eagle3.target_layers", list(layers))
     writer.add_uint32("eagle3.target_hidden_size", d)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model(target.tokenizer_model)
+    if target.pre_tokenizer is not None:
+        writer.add_tokenizer_pre(target.pre_tokenizer)
     writer.add_token_list(target.tokens)
     writer.add_token_scores(target.scores or [-float(i) for i in range(len(target.tokens))])
     writer.add_token_types(target.token_types or _types_for(target.tokens))
+    if target.merges is not None:
+        writer.add_token_merges(target.merges)
     writer.add_bos_token_id(target.bos_id)
     writer.add_eos_token_id(target.eos_id)
     writer.add_unk_token_id(0)
@@ -518,8 +525,11 @@ def write_tiny_eagle3_head(path: Path, target: TinySpec, layers: tuple[int, ...]
         "blk.0.ffn_up.weight": mat(ff, d),
         "blk.0.ffn_down.weight": mat(d, ff),
     }
+    if draft_vocab is not None:
+        tensors |= {"output.weight": mat(draft_vocab, d, 0.15 * target.logit_scale),
+                    "d2t": np.arange(draft_vocab, dtype=np.int64)}
     for name, array in tensors.items():
-        writer.add_tensor(name, array)
+        writer.add_tensor(name, _stored(name, array, target.f16) if array.dtype == np.float32 else array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -30,7 +30,7 @@ from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabili
 from localspec.engine.stats import GenerationStats, Idle
 from localspec.engine.text import STOP_STRING, TextPiece, stream_text
 from localspec.errors import PromptTooLong, UsageError
-from localspec.gguf.heads import Eagle3Head
+from localspec.gguf.heads import Eagle3HeadFile
 
 if TYPE_CHECKING:  # llguidance loads only for generations that use a grammar
     from localspec.engine.constraints import GrammarConstraint
@@ -72,7 +72,7 @@ class SpeculativeDecoder:
         draft_load_s: float = 0.0,
         history: HistoryStore | None = None,
         on_answer: Callable[[], None] | None = None,
-        eagle3: Eagle3Head | None = None,
+        eagle3: Eagle3HeadFile | None = None,
     ) -> None:
         self.target = target
         self.draft = draft

@@ -12,7 +12,7 @@ from localspec.engine.grammar_drafter import GrammarDrafter
 from localspec.engine.history import HistoryStore, SuffixDrafter
 from localspec.engine.lookup import LookupDrafter
 from localspec.engine.mtp import MtpDrafter
-from localspec.gguf.heads import Eagle3Head
+from localspec.gguf.heads import Eagle3HeadFile
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class DrafterInputs:
     draft: DraftModelProposer | None = None
     history: HistoryStore | None = None
     method: str = "auto"  # drafters whose setup costs even when unused (the MTP head's) skip methods without them
-    eagle3: Eagle3Head | None = None  # an EAGLE-3 head given as the pair's draft
+    eagle3: Eagle3HeadFile | None = None  # an EAGLE-3 head given as the pair's draft
 
 
 # In the order the planner breaks ties in. A new drafter adds its class (with a ``make(inputs)``) here.

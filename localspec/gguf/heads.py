@@ -72,19 +72,19 @@ def model_heads(header: Mapping[str, object]) -> Heads:
 
 
 @dataclass(frozen=True)
-class Eagle3Head:
+class Eagle3HeadFile:
     """An EAGLE-3 head file, as the engine loads it beside its target."""
 
     path: Path
     layers: tuple[int, ...]  # the target layers whose inputs it reads
 
 
-def eagle3_head(path: Path, header: Mapping[str, object]) -> Eagle3Head | None:
+def eagle3_head(path: Path, header: Mapping[str, object]) -> Eagle3HeadFile | None:
     """The EAGLE-3 head in ``path`` (its header already read), or None if the file is no such head."""
     if architecture(header) != "eagle3":
         return None
     layers = header.get("eagle3.target_layers")
-    return Eagle3Head(path, tuple(layers) if isinstance(layers, list) else ())
+    return Eagle3HeadFile(path, tuple(layers) if isinstance(layers, list) else ())
 
 
 def companion_pairing(target: Mapping[str, object], head: Mapping[str, object]) -> list[str]:
