@@ -22,6 +22,7 @@ from localspec.gguf.header import read_header
 from localspec.gguf.heads import eagle3_head
 from tests.test_bench_stock import run_bench, stock_bin  # noqa: F401 (a fixture)
 from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
+from tests.test_mtp import assert_drafts_as_fresh
 from tests.tiny_models import TinySpec, write_tiny_eagle3_head, write_tiny_model
 
 PROMPT = "hello world the code print x = hello world the code"
@@ -71,19 +72,7 @@ def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(pair, baseline):
     prompt, expected = baseline
     used = make_decoder(pair, draft_len=5)
     assert generate(used, prompt) == expected
-    context = prompt + expected
-    fresh = make_decoder(pair, draft_len=5)
-    generate(fresh, context[:-1], max_tokens=1)  # the target evaluates the context but its last token
-    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
-    drafts = []
-    for decoder in (used, fresh):
-        assert decoder.target.n_past == len(context) - 1
-        drafter = decoder.drafter(Source.EAGLE3)
-        state = RoundState(context, 5, sampling, np.random.default_rng(7))
-        drafts.append(drafter.draft(drafter.offer(state), 5, state))
-    assert drafts[0].tokens == drafts[1].tokens and len(drafts[0].tokens) == 5
-    for q_used, q_fresh in zip(drafts[0].q, drafts[1].q):
-        np.testing.assert_allclose(q_used, q_fresh, atol=2e-3)  # the prompt prefilled in one batch
+    assert_drafts_as_fresh(used, make_decoder(pair, draft_len=5), prompt + expected, Source.EAGLE3)
 
 
 def test_sampled_output_follows_the_target_distribution(pair):

@@ -115,14 +115,18 @@ def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(head_model, basel
     prompt, expected = baseline
     used = make_decoder(path, draft_len=5)
     assert generate(used, prompt) == expected
-    context = prompt + expected
-    fresh = make_decoder(path, draft_len=5)
+    assert_drafts_as_fresh(used, make_decoder(path, draft_len=5), prompt + expected, Source.MTP)
+
+
+def assert_drafts_as_fresh(used: SpeculativeDecoder, fresh: SpeculativeDecoder, context: list[int], source) -> None:
+    """``used`` (its target at ``context`` but the last token, after a generation) drafts from ``source`` what
+    ``fresh`` does after one prefill of the same context: the same 5 tokens, drawn from the same q."""
     generate(fresh, context[:-1], max_tokens=1)  # the target evaluates the context but its last token
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
     drafts = []
     for decoder in (used, fresh):
         assert decoder.target.n_past == len(context) - 1
-        drafter = decoder.drafter(Source.MTP)
+        drafter = decoder.drafter(source)
         state = RoundState(context, 5, sampling, np.random.default_rng(7))
         drafts.append(drafter.draft(drafter.offer(state), 5, state))
     assert drafts[0].tokens == drafts[1].tokens and len(drafts[0].tokens) == 5

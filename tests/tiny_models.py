@@ -428,6 +428,23 @@ def _stored(name: str, array: np.ndarray, f16: bool) -> np.ndarray:
     return array
 
 
+def _add_tokenizer(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    """The tokenizer and chat template of ``spec`` (a companion head carries its target's)."""
+    writer.add_tokenizer_model(spec.tokenizer_model)
+    if spec.pre_tokenizer is not None:
+        writer.add_tokenizer_pre(spec.pre_tokenizer)
+    writer.add_token_list(spec.tokens)
+    writer.add_token_scores(spec.scores or [-float(i) for i in range(len(spec.tokens))])
+    writer.add_token_types(spec.token_types or _types_for(spec.tokens))
+    if spec.merges is not None:
+        writer.add_token_merges(spec.merges)
+    writer.add_bos_token_id(spec.bos_id)
+    writer.add_eos_token_id(spec.eos_id)
+    writer.add_unk_token_id(0)
+    if spec.chat_template is not None:
+        writer.add_chat_template(spec.chat_template)
+
+
 def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     spec = spec or TinySpec()
     if spec.architecture not in ARCHITECTURES:
@@ -445,19 +462,7 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
         writer.add_uint32(f"{spec.architecture}.nextn_predict_layers", 1)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if spec.f16 else gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model(spec.tokenizer_model)
-    if spec.pre_tokenizer is not None:
-        writer.add_tokenizer_pre(spec.pre_tokenizer)
-    writer.add_token_list(spec.tokens)
-    writer.add_token_scores(spec.scores or [-float(i) for i in range(len(spec.tokens))])
-    writer.add_token_types(spec.token_types or _types_for(spec.tokens))
-    if spec.merges is not None:
-        writer.add_token_merges(spec.merges)
-    writer.add_bos_token_id(spec.bos_id)
-    writer.add_eos_token_id(spec.eos_id)
-    writer.add_unk_token_id(0)
-    if spec.chat_template is not None:
-        writer.add_chat_template(spec.chat_template)
+    _add_tokenizer(writer, spec)
     for key, value in spec.extra.items():
         _add_value(writer, key, value)
     for name, array in _weights(spec):
@@ -492,19 +497,7 @@ def write_tiny_eagle3_head(
     writer.add_array("eagle3.target_layers", list(layers))
     writer.add_uint32("eagle3.target_hidden_size", d)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model(target.tokenizer_model)
-    if target.pre_tokenizer is not None:
-        writer.add_tokenizer_pre(target.pre_tokenizer)
-    writer.add_token_list(target.tokens)
-    writer.add_token_scores(target.scores or [-float(i) for i in range(len(target.tokens))])
-    writer.add_token_types(target.token_types or _types_for(target.tokens))
-    if target.merges is not None:
-        writer.add_token_merges(target.merges)
-    writer.add_bos_token_id(target.bos_id)
-    writer.add_eos_token_id(target.eos_id)
-    writer.add_unk_token_id(0)
-    if target.chat_template is not None:
-        writer.add_chat_template(target.chat_template)
+    _add_tokenizer(writer, target)
     rng = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:

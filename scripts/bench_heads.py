@@ -29,9 +29,9 @@ multiplied all the same), so the costs are the real model's. Two figures come ou
 
 Run it alone on the machine (every timing is contaminated by other processes):
 
-    python scripts/bench_mtp.py /tmp/mtp-bench --bin "$(scripts/build-llama-cpp-stock --cached)"
-    python scripts/bench_mtp.py /tmp/mtp-bench --quick          # a smoke run: a small model, costs only
-    python scripts/bench_mtp.py /tmp/mtp-bench --eagle3 --scales 0.3 --bin ...   # the EAGLE-3 head too
+    python scripts/bench_heads.py /tmp/mtp-bench --bin "$(scripts/build-llama-cpp-stock --cached)"
+    python scripts/bench_heads.py /tmp/mtp-bench --quick          # a smoke run: a small model, costs only
+    python scripts/bench_heads.py /tmp/mtp-bench --eagle3 --scales 0.3 --bin ...   # the EAGLE-3 head too
 """
 
 from __future__ import annotations
