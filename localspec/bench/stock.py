@@ -324,9 +324,9 @@ class StockComparison:
         self.runner = BenchRunner(
             decoder, BenchSettings(settings.configs, runs=settings.runs, max_tokens=settings.max_tokens)
         )
-        has = {"uses_draft": decoder.draft is not None, "uses_head": decoder.controller.mtp_head == "",
-               "uses_eagle3": decoder.eagle3 is not None}
-        stock = [e for e in STOCK_ENGINES if all(present or not getattr(e, need) for need, present in has.items())]
+        model, head, eagle3 = decoder.draft is not None, decoder.controller.mtp_head == "", decoder.eagle3 is not None
+        stock = [e for e in STOCK_ENGINES
+                 if (model or not e.uses_draft) and (head or not e.uses_head) and (eagle3 or not e.uses_eagle3)]
         self.engines = stock + [localspec_engine(c) for c in self.runner.settings.all_configs]
 
     def run(self, prompts: Sequence[BenchPrompt]) -> StockResult:
