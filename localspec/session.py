@@ -26,7 +26,7 @@ from localspec.engine.vocab import VocabOnlyTokenizer
 from localspec.errors import IncompatibleError, UsageError
 from localspec.gguf.compat import Report, check_model, check_pair
 from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
-from localspec.gguf.heads import eagle3_head
+from localspec.gguf.heads import companion_head
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
 
 # A first fetch big enough for most headers; a 262k-token vocabulary needs a second, larger one.
@@ -155,9 +155,10 @@ def open_decoder(
     draft_exact = target.kernels == EXACT
     draft = None
     ratio = DEFAULT_DRAFT_COST_RATIO
-    # A draft file may be an EAGLE-3 head: it drafts from the target's layers, not as a model of its own.
-    eagle3 = None if pair.draft is None else eagle3_head(pair.draft, read_header(pair.draft, check_tensors=False))
-    if pair.draft is not None and eagle3 is None:
+    # A draft file may be a companion head (EAGLE-3, DFlash): it drafts from the target's layers, not as a
+    # model of its own.
+    head = None if pair.draft is None else companion_head(pair.draft, read_header(pair.draft, check_tensors=False))
+    if pair.draft is not None and head is None:
         draft_path = pair.draft
 
         def load_draft() -> LlamaModel:
@@ -184,7 +185,7 @@ def open_decoder(
         # Loading reads and repacks the weights, so it takes about as long per byte as the target's did.
         draft_load_s=target.load_s * ratio,
         history=answers,
-        eagle3=eagle3,
+        head=head,
     )
     pass_costs = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
     decoder.controller.remember(pass_costs.load())

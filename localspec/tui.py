@@ -26,10 +26,12 @@ from localspec.gguf.memory import MemoryKind
 
 DEFAULT_MIN_INTERVAL = 0.1  # at most ~10 refreshes per second
 SOURCE_STYLES = {Source.TARGET: "", Source.GRAMMAR: "yellow", Source.LOOKUP: "green", Source.SUFFIX: "magenta",
-                 Source.DRAFT: "cyan", Source.MTP: "blue", Source.EAGLE3: "bright_blue"}
+                 Source.DRAFT: "cyan", Source.MTP: "blue", Source.EAGLE3: "bright_blue",
+                 Source.DFLASH: "bright_cyan"}
 # How the legend names each source.
 SOURCE_NAMES = {Source.TARGET: "target", Source.GRAMMAR: "grammar", Source.LOOKUP: "lookup", Source.SUFFIX: "history",
-                Source.DRAFT: "draft", Source.MTP: "mtp", Source.EAGLE3: "eagle3"}
+                Source.DRAFT: "draft", Source.MTP: "mtp", Source.EAGLE3: "eagle3",
+                Source.DFLASH: "dflash"}
 BARS = " ▁▂▃▄▅▆▇█"
 MAX_CHART_POSITIONS = 24
 LIVE_ROWS = 3  # rows of an unfinished line kept in the live region

@@ -1,6 +1,6 @@
-"""MTP and EAGLE-3 drafting at Qwen3.5-0.8B's shapes: speed against the target alone as a function of
-acceptance, and side by side with stock llama.cpp's ``--spec-type draft-mtp`` and ``draft-eagle3`` on the
-same files.
+"""MTP, EAGLE-3 and DFlash drafting at Qwen3.5-0.8B's shapes: speed against the target alone as a function
+of acceptance, and side by side with stock llama.cpp's ``--spec-type draft-mtp``, ``draft-eagle3`` and
+``draft-dflash`` on the same files.
 
 Real weights cannot be fetched here, so acceptance is made, not found. Every model is Qwen3.5-0.8B's
 shapes (scripts/make_hybrid_model.py) plus one MTP block, seeded random:
@@ -14,6 +14,10 @@ shapes (scripts/make_hybrid_model.py) plus one MTP block, seeded random:
   L - 3, its own output projection over a 32k-token draft vocabulary (d2t). No head can be made to agree
   with its target by construction here (its token enters only through attention), so its acceptance is
   near 0 and only the cost curve says what it would give.
+- with ``--dflash``, a DFlash head beside ``random`` (``write_tiny_dflash_head``), seeded random, float16:
+  5 blocks of the target's width reading 5 target layers, 16-token blocks, the target's embeddings and
+  output projection (as DFlash drafts for Qwen3 are reported to be shaped). Like EAGLE-3's, only its cost
+  curve says what it would give; a block of k drafts costs one head pass of k + 1 rows.
 
 A pass costs what its shapes and tensor types cost, not what its values are (zeroed projections are
 multiplied all the same), so the costs are the real model's. Two figures come out:
@@ -32,6 +36,7 @@ Run it alone on the machine (every timing is contaminated by other processes):
     python scripts/bench_heads.py /tmp/mtp-bench --bin "$(scripts/build-llama-cpp-stock --cached)"
     python scripts/bench_heads.py /tmp/mtp-bench --quick          # a smoke run: a small model, costs only
     python scripts/bench_heads.py /tmp/mtp-bench --eagle3 --scales 0.3 --bin ...   # the EAGLE-3 head too
+    python scripts/bench_heads.py /tmp/mtp-bench --dflash --scales 0.3 --bin ...   # the DFlash head too
 """
 
 from __future__ import annotations
@@ -47,12 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localspec.bench.stock import overall_rows  # noqa: E402
 from scripts.make_hybrid_model import QUANT_TYPES, make_hybrid_model, qwen35_0_8b_spec  # noqa: E402
-from tests.tiny_models import write_tiny_eagle3_head  # noqa: E402
+from localspec.gguf.header import read_header  # noqa: E402
+from localspec.gguf.heads import HeadFile, companion_head  # noqa: E402
+from tests.tiny_models import write_tiny_dflash_head, write_tiny_eagle3_head  # noqa: E402
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
 COST_MODEL = "agree-0.3"
 COST_DRAFT_LENS = (1, 2, 3, 4, 6, 8)
 EAGLE3_DRAFT_VOCAB = 32000  # published EAGLE-3 heads' draft vocabulary
+DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
 PROMPT = "def parse(line):\n    fields = line.split(',')\n    return [f.strip() for f in fields]\n" * 6
 
 
@@ -71,28 +79,34 @@ def write_models(out: Path, scales: list[float], *, layers: int, embd: int, voca
     return models
 
 
-def write_eagle3_head(out: Path, *, layers: int, embd: int, vocab: int) -> tuple[Path, tuple[int, ...]]:
-    """An EAGLE-3 head for the ``random`` target (float16, as converted heads ship), written once."""
+def write_head(kind: str, out: Path, *, layers: int, embd: int, vocab: int) -> HeadFile:
+    """An EAGLE-3 or DFlash head for the ``random`` target (float16, as converted heads ship), written once."""
     spec = replace(qwen35_0_8b_spec(layers=layers, embd=embd, vocab=vocab), f16=True, n_head=16)
-    target_layers = (2, layers // 2, layers - 3)
-    path = out / f"eagle3-head-{layers}x{embd}-f16.gguf"
+    path = out / f"{kind}-head-{layers}x{embd}-f16.gguf"
+    if kind == "eagle3":
+        target_layers = (2, layers // 2, layers - 3)
+        write = lambda: write_tiny_eagle3_head(path, spec, target_layers, draft_vocab=min(EAGLE3_DRAFT_VOCAB, vocab))  # noqa: E731
+    else:
+        target_layers = tuple(1 + i * (layers - 3) // (DFLASH_LAYERS - 1) for i in range(DFLASH_LAYERS))
+        write = lambda: write_tiny_dflash_head(path, spec, target_layers, n_layers=DFLASH_LAYERS,  # noqa: E731
+                                               block_size=DFLASH_BLOCK)
     if not path.exists():
         print(f"writing {path}", file=sys.stderr)
-        write_tiny_eagle3_head(path, spec, target_layers, draft_vocab=min(EAGLE3_DRAFT_VOCAB, vocab))
-    return path, target_layers
+        write()
+    return companion_head(path, read_header(path))
 
 
-def measure_costs(path: Path, *, threads: int, max_tokens: int, eagle3=None) -> dict:
+def measure_costs(path: Path, *, threads: int, max_tokens: int, head: HeadFile | None = None) -> dict:
     """The controller's measured costs after head rounds of several draft lengths on ``path``: its MTP
-    head's, or with ``eagle3`` (an Eagle3HeadFile) that head's."""
+    head's, or with ``head`` (a companion) that head's."""
     from localspec.engine.backend import LlamaModel
     from localspec.engine.decoder import SpeculativeDecoder
     from localspec.engine.drafting import Source
 
-    method = "eagle3" if eagle3 is not None else "mtp"
-    target = LlamaModel(path, n_ctx=4096, n_threads=threads, load_mtp=eagle3 is None)
-    decoder = SpeculativeDecoder(target, method=method, eagle3=eagle3)
-    if eagle3 is None:
+    method = head.kind if head is not None else "mtp"
+    target = LlamaModel(path, n_ctx=4096, n_threads=threads, load_mtp=head is None)
+    decoder = SpeculativeDecoder(target, method=method, head=head)
+    if head is None:
         decoder.drafter(Source.MTP).min_confidence = 0.0  # every draft length gets measured
     prompt = target.tokenize(PROMPT, add_bos=True)
     acceptance = {}
@@ -101,9 +115,8 @@ def measure_costs(path: Path, *, threads: int, max_tokens: int, eagle3=None) -> 
         for _ in decoder.generate(prompt, max_tokens=max_tokens):
             pass
         acceptance[k] = (decoder.stats.accepted, decoder.stats.drafted)
-    head = decoder.drafter(Source.EAGLE3 if eagle3 is not None else Source.MTP).head
-    return {"decoder": decoder, "head": head, "target": target, "prompt": prompt, "acceptance": acceptance,
-            "source": Source(method)}
+    return {"decoder": decoder, "head": decoder.drafter(Source(method)).head, "target": target, "prompt": prompt,
+            "acceptance": acceptance, "source": Source(method)}
 
 
 def head_step_shares(measured: dict, repeats: int = 20) -> tuple[float, float]:
@@ -125,14 +138,19 @@ def head_step_shares(measured: dict, repeats: int = 20) -> tuple[float, float]:
     return statistics.median(times[True]) / one, statistics.median(times[False]) / one
 
 
+def longest(source) -> int:
+    return DFLASH_BLOCK - 1 if source == "dflash" else 16
+
+
 def speed_curve(decoder, source) -> list[tuple[float, int, float]]:
     """(acceptance, best draft length, expected speed / target alone) from the measured costs, through the
-    planner's own pricing (checkpoint, restore and replay of the hybrid state included)."""
+    planner's own pricing (checkpoint, restore and replay of the hybrid state included; a DFlash block as
+    one head pass of its rows)."""
     controller = decoder.controller
     step = controller.step_cost(source)
     curve = []
     for a in ACCEPTANCES:
-        plan = controller._best(source, [a] * 16, step, None)  # the planner's expected-value rule
+        plan = controller._best(source, [a] * longest(source), step, None)  # the planner's expected-value rule
         curve.append((a, plan.k, plan.expected_rate / controller._none_rate()))
     return curve
 
@@ -141,11 +159,11 @@ def break_even(decoder, source) -> float | None:
     controller = decoder.controller
     step = controller.step_cost(source)
     low, high = 0.0, 1.0
-    if controller._best(source, [high] * 16, step, None).expected_rate <= controller._none_rate():
+    if controller._best(source, [high] * longest(source), step, None).expected_rate <= controller._none_rate():
         return None
     for _ in range(30):
         mid = (low + high) / 2
-        pays = controller._best(source, [mid] * 16, step, None).expected_rate > controller._none_rate()
+        pays = controller._best(source, [mid] * longest(source), step, None).expected_rate > controller._none_rate()
         low, high = (low, mid) if pays else (mid, high)
     return high
 
@@ -157,7 +175,8 @@ def print_costs(measured: dict, model: Path, threads: int) -> None:
     step = decoder.controller.step_cost(source)
     print(f"{source} head measured on {model.name}, {threads} threads (the engine's own cost figures):")
     print(f"  pass seconds by batch size: {beliefs['pass_s']}")
-    print(f"  head step {step:.5f} s = {step / decoder.controller.costs.one:.2f} of a one-token pass, "
+    what = "head pass of one row" if source == "dflash" else "head step"
+    print(f"  {what} {step:.5f} s = {step / decoder.controller.costs.one:.2f} of a one-token pass, "
           f"checkpoint {beliefs['checkpoint_s']} s, restore {beliefs['restore_s']} s, "
           f"overhead {beliefs['overhead_s']} s")
     print(f"  acceptance there by draft length (accepted, drafted): {measured['acceptance']}")
@@ -168,13 +187,14 @@ def print_costs(measured: dict, model: Path, threads: int) -> None:
     print(f"  break-even acceptance: {'never pays' if even is None else f'{even:.2f}'}")
 
 
-def side_by_side(models: dict, bin_dir: str, args, head: Path | None = None) -> None:
-    """Each model against stock; with ``head`` (an EAGLE-3 head), the models with that head as the draft."""
+def side_by_side(models: dict, bin_dir: str, args, head: HeadFile | None = None) -> None:
+    """Each model against stock; with ``head`` (a companion head), the models with that head as the draft."""
     for name, path in models.items():
-        report = args.out / f"vs-llama-cpp-{name}{'-eagle3' if head else ''}.json"
+        report = args.out / f"vs-llama-cpp-{name}{'-' + head.kind if head else ''}.json"
         command = [
             sys.executable, "-m", "localspec", "bench", "--vs-llama-cpp", bin_dir, "--target", str(path),
-            *(("--draft", str(head), "--methods", "none,eagle3,auto") if head else ("--methods", "none,mtp,auto")),
+            *(("--draft", str(head.path), "--methods", f"none,{head.kind},auto") if head
+              else ("--methods", "none,mtp,auto")),
             "--workloads", args.workloads, "--runs", str(args.runs),
             "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--json", str(report),
         ]
@@ -201,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default="code-edit,code-new")
     parser.add_argument("--quick", action="store_true", help="a 4-layer, 256-wide, 32k-vocabulary model; costs only")
     parser.add_argument("--eagle3", action="store_true", help="an EAGLE-3 head beside the random model, measured too")
+    parser.add_argument("--dflash", action="store_true", help="a DFlash head beside the random model, measured too")
+    parser.add_argument("--heads-only", action="store_true", help="measure the companion heads only, not the MTP head")
     args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.embd, args.vocab, args.scales, args.max_tokens = 4, 256, 32000, "0.3", 32
@@ -210,23 +232,22 @@ def main(argv: list[str] | None = None) -> None:
         scales.append(0.3)
     models = write_models(args.out, scales, layers=args.layers, embd=args.embd, vocab=args.vocab, quant=args.type)
 
-    measured = measure_costs(models[COST_MODEL], threads=args.threads, max_tokens=args.max_tokens)
-    print_costs(measured, models[COST_MODEL], args.threads)
-    with_output, without_output = head_step_shares(measured)
-    print(f"  head step / one-token pass: {with_output:.2f} with its output projection, {without_output:.2f} without "
-          f"(the projection is {1 - without_output / with_output:.0%} of a head step)")
-    head = None
-    if args.eagle3:
-        from localspec.gguf.heads import Eagle3HeadFile
-
-        head, target_layers = write_eagle3_head(args.out, layers=args.layers, embd=args.embd, vocab=args.vocab)
+    if not args.heads_only:
+        measured = measure_costs(models[COST_MODEL], threads=args.threads, max_tokens=args.max_tokens)
+        print_costs(measured, models[COST_MODEL], args.threads)
+        with_output, without_output = head_step_shares(measured)
+        print(f"  head step / one-token pass: {with_output:.2f} with its output projection, {without_output:.2f} "
+              f"without (the projection is {1 - without_output / with_output:.0%} of a head step)")
+    heads = [write_head(kind, args.out, layers=args.layers, embd=args.embd, vocab=args.vocab)
+             for kind in ("eagle3", "dflash") if getattr(args, kind)]
+    for head in heads:
         print()
-        measured = measure_costs(models["random"], threads=args.threads, max_tokens=args.max_tokens,
-                                 eagle3=Eagle3HeadFile(head, target_layers))
+        measured = measure_costs(models["random"], threads=args.threads, max_tokens=args.max_tokens, head=head)
         print_costs(measured, models["random"], args.threads)
     if args.bin and not args.quick:
-        side_by_side(models, args.bin, args)
-        if head is not None:
+        if not args.heads_only:
+            side_by_side(models, args.bin, args)
+        for head in heads:
             side_by_side({"random": models["random"]}, args.bin, args, head)
 
 

@@ -244,8 +244,8 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     document = json.loads(out.read_text())
     assert document["schema"] == stock.SCHEMA and document["settings"]["n_ctx"] == 512
     mine = ["localspec none", "localspec lookup k=auto", "localspec draft k=auto"]
-    # No MTP head, no EAGLE-3 head: no draft-mtp, no draft-eagle3.
-    engines = [e.label for e in stock.STOCK_ENGINES if not (e.uses_head or e.uses_eagle3)] + mine
+    # No MTP head, no companion head: no draft-mtp, draft-eagle3 or draft-dflash.
+    engines = [e.label for e in stock.STOCK_ENGINES if not (e.uses_head or e.uses_companion)] + mine
     assert document["settings"]["engines"] == engines
     rows = document["rows"]
     assert [(r["workload"], r["engine"]) for r in rows] == [(w, e) for w in ("echo", "session", "all") for e in engines]

@@ -19,7 +19,7 @@ from localspec.engine.drafting import RoundState, Source
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import UsageError
 from localspec.gguf.header import read_header
-from localspec.gguf.heads import eagle3_head
+from localspec.gguf.heads import companion_head
 from tests.test_bench_stock import run_bench, stock_bin  # noqa: F401 (a fixture)
 from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
 from tests.test_mtp import assert_drafts_as_fresh
@@ -42,8 +42,8 @@ def pair(tmp_path_factory):
 def make_decoder(pair, *, method="eagle3", draft_len=None) -> SpeculativeDecoder:
     target_path, head_path = pair
     target = LlamaModel(target_path, n_ctx=N_CTX, n_threads=1)
-    head = eagle3_head(head_path, read_header(head_path))
-    return SpeculativeDecoder(target, method=method, draft_len=draft_len, eagle3=None if method == "none" else head)
+    head = companion_head(head_path, read_header(head_path))
+    return SpeculativeDecoder(target, method=method, draft_len=draft_len, head=None if method == "none" else head)
 
 
 def generate(decoder, prompt, max_tokens=60, sampling=SamplingParams()):

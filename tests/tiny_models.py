@@ -530,6 +530,62 @@ def write_tiny_eagle3_head(
     return path
 
 
+def write_tiny_dflash_head(
+    path: Path, target: TinySpec, layers: tuple[int, ...], *, seed: int = 7, n_layers: int = 2,
+    block_size: int = 8, extra: dict | None = None,
+) -> Path:
+    """A DFlash head for ``target`` (llama.cpp's dflash architecture): ``n_layers`` blocks whose keys and
+    values over the context come from fc(the inputs of target ``layers`` side by side), random weights, and
+    the target's tokenizer with its last token as the mask token, as converted heads carry them. Embeddings
+    and output projection are the target's (lent by llama.cpp). ``extra``: more header keys (a variant's)."""
+    d, n_head, ff = target.n_embd, target.n_head, target.n_ff
+    head_dim = d // n_head
+    writer = gguf.GGUFWriter(str(path), "dflash")
+    writer.add_name(f"tiny-dflash-{seed}")
+    writer.add_context_length(target.n_ctx)
+    writer.add_embedding_length(d)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_array("dflash.target_layers", list(layers))
+    writer.add_uint32("dflash.block_size", block_size)
+    for key, value in (extra or {}).items():
+        _add_value(writer, key, value)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, target)
+    writer.add_mask_token_id(len(target.tokens) - 1)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
+        return rng.normal(0.0, scale, size=(rows, cols)).astype(np.float32)
+
+    tensors = {"fc.weight": mat(d, len(layers) * d), "enc.output_norm.weight": _ones(d), "output_norm.weight": _ones(d)}
+    for i in range(n_layers):
+        tensors |= {
+            f"blk.{i}.attn_norm.weight": _ones(d),
+            f"blk.{i}.attn_q.weight": mat(n_head * head_dim, d),
+            f"blk.{i}.attn_k.weight": mat(n_head * head_dim, d),
+            f"blk.{i}.attn_v.weight": mat(n_head * head_dim, d),
+            f"blk.{i}.attn_output.weight": mat(d, n_head * head_dim),
+            f"blk.{i}.attn_q_norm.weight": _ones(head_dim),
+            f"blk.{i}.attn_k_norm.weight": _ones(head_dim),
+            f"blk.{i}.ffn_norm.weight": _ones(d),
+            f"blk.{i}.ffn_gate.weight": mat(ff, d),
+            f"blk.{i}.ffn_up.weight": mat(ff, d),
+            f"blk.{i}.ffn_down.weight": mat(d, ff),
+        }
+    for name, array in tensors.items():
+        writer.add_tensor(name, _stored(name, array, target.f16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def tiny_model_bytes(spec: TinySpec | None = None) -> bytes:
     """A tiny model's file contents, for serving it from a fake index or Hub."""
     with tempfile.TemporaryDirectory(prefix="tiny-model-") as tmp:

@@ -91,7 +91,7 @@ class Engine:
     args: tuple[str, ...] = ()
     uses_draft: bool = False  # a draft model given as the pair's draft
     uses_head: bool = False  # runs the target's own MTP head: only where it has one
-    uses_eagle3: bool = False  # an EAGLE-3 head given as the pair's draft
+    uses_companion: str | None = None  # the kind of companion head ("eagle3", "dflash") given as the pair's draft
     config: Config | None = None  # localspec's configuration
 
     @property
@@ -109,7 +109,8 @@ STOCK_ENGINES = (
     Engine("stock draft-simple", "llama-speculative-simple", ("--spec-type", "draft-simple"), uses_draft=True),
     Engine("stock llama-lookup", "llama-lookup"),
     Engine("stock draft-mtp", "llama-speculative-simple", ("--spec-type", "draft-mtp"), uses_head=True),
-    Engine("stock draft-eagle3", "llama-speculative-simple", ("--spec-type", "draft-eagle3"), uses_eagle3=True),
+    Engine("stock draft-eagle3", "llama-speculative-simple", ("--spec-type", "draft-eagle3"), uses_companion="eagle3"),
+    Engine("stock draft-dflash", "llama-speculative-simple", ("--spec-type", "draft-dflash"), uses_companion="dflash"),
 )
 STOCK_TOOLS = tuple(dict.fromkeys(e.tool for e in STOCK_ENGINES))
 
@@ -324,9 +325,10 @@ class StockComparison:
         self.runner = BenchRunner(
             decoder, BenchSettings(settings.configs, runs=settings.runs, max_tokens=settings.max_tokens)
         )
-        model, head, eagle3 = decoder.draft is not None, decoder.controller.mtp_head == "", decoder.eagle3 is not None
-        stock = [e for e in STOCK_ENGINES
-                 if (model or not e.uses_draft) and (head or not e.uses_head) and (eagle3 or not e.uses_eagle3)]
+        model, mtp = decoder.draft is not None, decoder.controller.heads.get("mtp") == ""
+        companion = decoder.head.kind if decoder.head is not None else None
+        stock = [e for e in STOCK_ENGINES if (model or not e.uses_draft) and (mtp or not e.uses_head)
+                 and e.uses_companion in (None, companion)]
         self.engines = stock + [localspec_engine(c) for c in self.runner.settings.all_configs]
 
     def run(self, prompts: Sequence[BenchPrompt]) -> StockResult:
@@ -438,7 +440,7 @@ class StockComparison:
             command += ["-ngl", _gpu_layers(self.target.n_gpu_layers)]
             if engine.uses_draft:
                 command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.draft_model.model.n_gpu_layers)]
-            elif engine.uses_eagle3:  # the head sits beside the target's layers, where they are
+            elif engine.uses_companion:  # the head sits beside the target's layers, where they are
                 command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.target.n_gpu_layers)]
             try:
                 done = subprocess.run(command, capture_output=True, env=env, timeout=TOOL_TIMEOUT_S, check=False)

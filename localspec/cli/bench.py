@@ -32,11 +32,11 @@ from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import err, out
-from localspec.engine.controller import METHODS, check_method
+from localspec.engine.controller import HEAD_METHODS, METHODS, check_method
 from localspec.errors import UsageError
 
 # mtp joins the defaults where the target has an MTP head (see bench_command).
-DEFAULT_METHODS = ",".join(m for m in METHODS if m not in ("mtp", "eagle3"))
+DEFAULT_METHODS = ",".join(m for m in METHODS if m not in HEAD_METHODS)
 QUICK_METHODS = "none,lookup,auto"
 QUICK_MAX_TOKENS = 96
 QUICK_RUNS = 1
@@ -126,13 +126,12 @@ def bench_command(
         raise UsageError(
             "--write-profile needs --profile: a profile stores where its models come from, local files do not"
         )
-    if methods is None and decoder.controller.mtp_head == "":
-        configs += _configs(["mtp"], _draft_lens(draft_len))
-    if methods is None and decoder.controller.eagle3_head == "":
-        configs += _configs(["eagle3"], _draft_lens(draft_len))
+    heads = decoder.controller.heads
+    if methods is None:  # the heads at hand are measured too
+        configs += _configs([m for m, why in heads.items() if why == ""], _draft_lens(draft_len))
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head,
-                     eagle3_head=decoder.controller.eagle3_head, draft_fix="pass --draft PATH or use --profile")
+        check_method(config.method, has_draft_model=decoder.draft is not None, heads=heads,
+                     draft_fix="pass --draft PATH or use --profile")
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

@@ -43,13 +43,13 @@ def compare_with_llama_cpp(
         raise UsageError("--vs-llama-cpp compares greedy outputs; drop --temp or use --temp 0")
     tools = stock.find_tools(bin_dir)
     pair, decoder, _ = replace(generation, temp=0.0).open()
-    # Beside stock draft-mtp and draft-eagle3, where the target has its own head or the draft is an EAGLE-3 head.
-    for method, missing in (("mtp", decoder.controller.mtp_head), ("eagle3", decoder.controller.eagle3_head)):
+    # Beside stock draft-mtp, draft-eagle3 and draft-dflash, where the target has its own head or the draft is one.
+    heads = decoder.controller.heads
+    for method, missing in heads.items():
         if missing == "" and not any(c.method == method for c in configs):
             configs = [*configs, Config(method)]
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None, mtp_head=decoder.controller.mtp_head,
-                     eagle3_head=decoder.controller.eagle3_head)
+        check_method(config.method, has_draft_model=decoder.draft is not None, heads=heads)
     settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens)
     with progress() as update:
         comparison = stock.StockComparison(

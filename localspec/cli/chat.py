@@ -33,7 +33,7 @@ PASTE_GRACE_S = 0.05
 HELP = """\
 /help              this list
 /stats             the last answer's figures
-/method M          none, draft, lookup, hybrid, mtp, eagle3 or auto
+/method M          none, draft, lookup, hybrid, mtp, eagle3, dflash or auto
 /k N | /k auto     fixed draft length, or let the controller choose
 /temp X            temperature (0 is greedy)
 /system TEXT       set the system prompt (no text clears it)

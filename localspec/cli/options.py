@@ -31,7 +31,7 @@ ProfileOpt = Annotated[
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file (instead of a profile).")]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="Draft GGUF file (same tokenizer as the target).")]
 MethodOpt = Annotated[
-    Optional[str], typer.Option("--method", help="none, draft, lookup, hybrid, mtp, eagle3 or auto [default: profile's, else auto].")
+    Optional[str], typer.Option("--method", help="none, draft, lookup, hybrid, mtp, eagle3, dflash or auto [default: profile's, else auto].")
 ]
 DraftLenOpt = Annotated[
     Optional[int], typer.Option("--draft-len", min=1, help="Fixed draft length [default: chosen from measured costs].")

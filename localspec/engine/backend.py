@@ -553,6 +553,27 @@ class MtpHead(_HeadContext):
         self._init_batch()
 
 
+def _open_companion(path: Path, target: LlamaModel, name: str):
+    """(model, context) of a companion head file beside ``target``: its context lends the target's
+    embeddings and output projection (``ctx_other``) where the file has none, and it sits on the target's
+    devices."""
+    lib = target._lib
+    model_params = lib.llama_model_default_params()
+    model_params.n_gpu_layers = target.n_gpu_layers
+    params = type(target._context_params).from_buffer_copy(target._context_params)
+    params.ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
+    params.ctx_other = target._ctx.ctx
+    params.n_rs_seq = 0
+    model = None
+    try:
+        model = target._internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
+        return model, target._internals.LlamaContext(model=model, params=params, verbose=False)
+    except ValueError as exc:
+        if model is not None:
+            model.close()
+        raise LocalspecError(f"llama.cpp could not open {name}: {exc}; run 'localspec check' on the pair") from exc
+
+
 class Eagle3Head(_HeadContext):
     """An EAGLE-3 head (a companion GGUF) on a context of its own beside the target's.
 
@@ -567,17 +588,7 @@ class Eagle3Head(_HeadContext):
     def __init__(self, path: Path, target: LlamaModel, features: int) -> None:
         lib = self._lib = target._lib
         self._name = f"the EAGLE-3 head {Path(path).name}"
-        model_params = lib.llama_model_default_params()
-        model_params.n_gpu_layers = target.n_gpu_layers
-        params = type(target._context_params).from_buffer_copy(target._context_params)
-        params.ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
-        params.ctx_other = target._ctx.ctx
-        params.n_rs_seq = 0
-        try:
-            self._model = target._internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
-            self._ctx = target._internals.LlamaContext(model=self._model, params=params, verbose=False)
-        except ValueError as exc:
-            raise LocalspecError(f"llama.cpp could not open {self._name}: {exc}; run 'localspec check' on the pair") from exc
+        self._model, self._ctx = _open_companion(path, target, self._name)
         self.n_embd = int(self._model.n_embd())
         self.n_vocab = target.n_vocab
         self.n_batch = target.n_batch
@@ -616,6 +627,94 @@ class Eagle3Head(_HeadContext):
         if self._batch is not None:
             self._lib.llama_batch_free(self._encoder_batch)
             super().close()
+            self._model.close()
+
+
+class DFlashHead:
+    """A DFlash head (a companion GGUF) on a context of its own beside the target's.
+
+    Entry p of its KV cache holds the head's keys and values of the target's layer inputs at context
+    position p (``inject``: an embeddings pass through its fusion layer, no attention). A draft is one pass
+    over a block [the last context token, mask x k] at the positions after the entries, whose rows attend
+    to every entry and to the whole block (not causally, unless the file says so); rows 1..k are the k
+    draft tokens' logits (``block``), and the block's cells are taken back at once. ``tokens`` mirrors the
+    entries: the context token at each position, by which they are judged.
+    """
+
+    def __init__(self, path: Path, target: LlamaModel, features: int, *, mask_token: int, causal: bool) -> None:
+        lib = self._lib = target._lib
+        self._name = f"the DFlash head {Path(path).name}"
+        self._model, self._ctx = _open_companion(path, target, self._name)
+        self.n_vocab = target.n_vocab
+        self.n_batch = target.n_batch
+        self.mask_token = mask_token
+        self.tokens: list[int] = []
+        lib.llama_set_causal_attn(self._ctx.ctx, causal)
+        self._block = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._inject = lib.llama_batch_init(self.n_batch, features, 1)
+        self._inject_embd = np.ctypeslib.as_array(self._inject.embd, shape=(self.n_batch, features))
+        # An embeddings batch on an M-RoPE head reads 4 position rows per token (section-major), more than
+        # llama_batch_init allocates: the rows are ours.
+        self._positions = (lib.llama_pos * (4 * self.n_batch))()
+        self._own_pos, self._inject.pos = self._inject.pos, self._positions
+
+    @property
+    def n_params(self) -> int:
+        return int(self._model.n_params())
+
+    def inject(self, tokens: Sequence[int], features: np.ndarray) -> None:
+        """Append entries for context ``tokens`` from the target's layer inputs at their positions."""
+        batch = self._inject
+        for start in range(0, len(tokens), self.n_batch):
+            n, n_past = min(self.n_batch, len(tokens) - start), len(self.tokens)
+            batch.n_tokens = n
+            for i in range(n):
+                for row in range(3):  # temporal, height, width: all the text position; the fourth stays 0
+                    self._positions[row * n + i] = n_past + i
+                self._positions[3 * n + i] = 0
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = False
+            self._inject_embd[:n] = features[start : start + n]
+            self._decode(batch, n_past)
+            self.tokens.extend(tokens[start : start + n])
+
+    def block(self, last: int, k: int) -> np.ndarray:
+        """The (k, n_vocab) logits of k draft tokens after the entries and ``last`` (the last context
+        token, whose entry the target has not made yet)."""
+        n_past = len(self.tokens)
+        # The pinned dflash graph computes logits for every row and llama.cpp copies out as many rows as the
+        # batch flags, from the first: so all are flagged.
+        _fill_batch(self._block, [last] + [self.mask_token] * k, n_past, 0)
+        try:
+            self._decode(self._block, n_past)
+            rows = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx.ctx), shape=((k + 1) * self.n_vocab,))
+            return rows.reshape(k + 1, self.n_vocab)[1:].copy()
+        finally:
+            self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
+
+    def _decode(self, batch, n_past: int) -> None:
+        code = self._lib.llama_decode(self._ctx.ctx, batch)
+        if code != 0:
+            self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
+            raise LocalspecError(f"llama_decode of {self._name} failed with code {code} at position {n_past}")
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < len(self.tokens):
+            if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1):
+                raise LocalspecError(f"llama.cpp refused to roll {self._name} back to position {n_past}")
+            del self.tokens[n_past:]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, tokens)
+
+    def close(self) -> None:
+        if self._block is not None:
+            self._inject.pos = self._own_pos  # llama_batch_free frees what it allocated
+            self._lib.llama_batch_free(self._inject)
+            self._lib.llama_batch_free(self._block)
+            self._block = None
+            self._ctx.close()
             self._model.close()
 
 

@@ -30,7 +30,7 @@ from localspec.engine.kernels import MAX_VERIFY_BATCH
 from localspec.engine.stats import Idle
 from localspec.errors import UsageError
 
-METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "eagle3", "auto")
+METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "eagle3", "dflash", "auto")
 DEFAULT_METHOD = "auto"
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
 # The drafters each fixed method may use (hybrid: the draft model only where lookup offers nothing);
@@ -42,6 +42,13 @@ METHOD_SOURCES = {
     "hybrid": frozenset({Source.GRAMMAR, Source.LOOKUP, Source.DRAFT}),
     "mtp": frozenset({Source.GRAMMAR, Source.MTP}),
     "eagle3": frozenset({Source.GRAMMAR, Source.EAGLE3}),
+    "dflash": frozenset({Source.GRAMMAR, Source.DFLASH}),
+}
+# The methods that draft with a head, and what each needs.
+HEAD_METHODS = {
+    "mtp": "the target's own MTP head",
+    "eagle3": "an EAGLE-3 head as the draft",
+    "dflash": "a DFlash head as the draft",
 }
 DRAFTER_KINDS = {cls.source: cls.kind for cls in DRAFTERS}
 DEFAULT_LOOKUP_MAX = 64
@@ -79,15 +86,13 @@ def check_method(
     method: str,
     *,
     has_draft_model: bool | None = None,
-    mtp_head: str | None = None,
-    eagle3_head: str | None = None,
+    heads: Mapping[str, str] = {},
     given_as: str = "method",
     draft_fix: str = "open a pair with a draft model",
 ) -> str:
-    """The one check of a method name, and (when ``has_draft_model`` / ``mtp_head`` are known) that it can run.
+    """The one check of a method name, and (when ``has_draft_model`` / ``heads`` are known) that it can run.
 
-    ``mtp_head``: why the target's MTP head cannot draft ("" when it can, None when not known);
-    ``eagle3_head`` the same for an EAGLE-3 head given as the pair's draft.
+    ``heads``: for each of HEAD_METHODS, why its head cannot draft ("" when it can; absent when not known).
 
     ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there;
     ``draft_fix`` says how that front end gives a draft model.
@@ -96,19 +101,18 @@ def check_method(
         raise UsageError(f"unknown {given_as} {method!r}; use one of {', '.join(METHODS)}")
     if has_draft_model is False and method in DRAFT_MODEL_METHODS:
         raise UsageError(f"{given_as} {method} needs a draft model: {draft_fix}")
-    if mtp_head and method == "mtp":
-        raise UsageError(f"{given_as} mtp needs the target's own MTP head: {mtp_head}")
-    if eagle3_head and method == "eagle3":
-        raise UsageError(f"{given_as} eagle3 needs an EAGLE-3 head as the draft: {eagle3_head}")
+    if heads.get(method):
+        raise UsageError(f"{given_as} {method} needs {HEAD_METHODS[method]}: {heads[method]}")
     return method
 
 
 class _ModelDrafter:
     """What the planner keeps about a model drafter: acceptance, costs, and whether auto gave it up."""
 
-    def __init__(self, prior: float, costs: ModelDrafterCosts) -> None:
+    def __init__(self, prior: float, costs: ModelDrafterCosts, block: bool) -> None:
         self.acceptance = Acceptance(prior)
         self.costs = costs
+        self.block = block  # one pass drafts a block: its step is a one-row pass, scaled like the target's
         self.off: str | None = None  # why auto no longer uses it, once it has given up
         self.declined: str | None = None  # why auto passed over it last time
 
@@ -127,8 +131,7 @@ class Controller:
         drafters: the drafter classes whose offers it prices (their ``source``, ``kind`` and ``prior``).
         step_cost_ratios: model drafters that know their own prior step cost (an MTP head from its shapes),
             and need no loading; the others take ``draft_cost_ratio`` and ``draft_load_s``.
-        mtp_head: why the target's MTP head cannot draft, "" when it can (see ``check_method``).
-        eagle3_head: the same for an EAGLE-3 head.
+        heads: why each head method's head cannot draft, "" when it can (see ``check_method``).
     """
 
     def __init__(
@@ -145,12 +148,10 @@ class Controller:
         speculation_off: str | None = None,
         drafters: Sequence[type] = DRAFTERS,
         step_cost_ratios: Mapping[str, float] = {},
-        mtp_head: str | None = None,
-        eagle3_head: str | None = None,
+        heads: Mapping[str, str] = {},
     ) -> None:
         self.has_draft_model = has_draft_model
-        self.mtp_head = mtp_head
-        self.eagle3_head = eagle3_head
+        self.heads = dict(heads)
         self.rollback_window = rollback_window
         self.speculation_off = speculation_off
         self._limits = (lookup_max, draft_max)
@@ -164,6 +165,7 @@ class Controller:
                 ModelDrafterCosts(step_cost_ratios[cls.source], 0.0)
                 if cls.source in step_cost_ratios
                 else ModelDrafterCosts(draft_cost_ratio, draft_load_s),
+                cls.block,
             )
             for cls in drafters
             if cls.kind == MODEL
@@ -177,8 +179,7 @@ class Controller:
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
-        check_method(method, has_draft_model=self.has_draft_model, mtp_head=self.mtp_head,
-                     eagle3_head=self.eagle3_head)
+        check_method(method, has_draft_model=self.has_draft_model, heads=self.heads)
         if draft_len is not None and not 1 <= draft_len <= MAX_DRAFT_LEN:
             raise UsageError(f"draft length must be between 1 and {MAX_DRAFT_LEN}, got {draft_len}")
         lookup_max, draft_max = self._limits
@@ -224,11 +225,14 @@ class Controller:
         elif model is not None:
             model.acceptance.record(drafted, accepted)
             if self.method == "auto" and model.off is None:
-                self._check_model(model)
+                self._check_model(source, model)
 
     def record_draft(self, source: str, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
-        """A model drafter's measured work in one round."""
-        self._models[source].costs.record(catch_up_tokens, catch_up_s, steps, steps_s)
+        """A model drafter's measured work in one round (a block drafter's ``steps``: the rows of its pass)."""
+        model = self._models[source]
+        if model.block and steps and self.costs.one is not None:
+            steps = self.costs.pass_cost(steps) / self.costs.one  # in one-row passes, as the target's curve has it
+        model.costs.record(catch_up_tokens, catch_up_s, steps, steps_s)
 
     def acceptance(self, source: str, match_len: int = 1) -> float:
         if source in self._copies:
@@ -282,10 +286,11 @@ class Controller:
         return model.declined or "in use: expected to beat the target alone at the latest choice"
 
     # -- decisions -------------------------------------------------------------------------------
-    def _seconds(self, rates: Sequence[float], step_cost: float) -> list[float]:
+    def _seconds(self, rates: Sequence[float], step_cost: float, block: bool = False) -> list[float]:
         """Expected seconds of a round drafting k = 1..len(rates) tokens (index k - 1): the target pass,
-        the draft steps, the overhead, and past a recurrent target's snapshots a checkpoint and, should
-        the draft be rejected, a restore and a replay."""
+        the draft steps (``block``: one pass of k + 1 rows, scaled from a one-row ``step_cost`` as the
+        target's passes scale), the overhead, and past a recurrent target's snapshots a checkpoint and,
+        should the draft be rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
         overhead = costs.overhead
         seconds = []
@@ -298,26 +303,28 @@ class Controller:
                 reach *= rates[k - 1]
                 if k > window:
                     pass_cost += (costs.checkpoint_s or 0.0) + restore
-            seconds.append(pass_cost + k * step_cost + overhead)
+            drafting = step_cost * costs.pass_cost(k + 1) / costs.one if block else k * step_cost
+            seconds.append(pass_cost + drafting + overhead)
         return seconds
 
     def _best(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
         totals = expected_tokens(rates)
-        seconds = self._seconds(rates, step_cost)
+        model = self._models.get(source)
+        seconds = self._seconds(rates, step_cost, model is not None and model.block)
         k = max(range(1, len(rates) + 1), key=lambda k: totals[k] / seconds[k - 1])
         return Plan(source, k, totals[k], totals[k] / seconds[k - 1], offer)
 
     def _none_rate(self) -> float:
         return 1.0 / (self.costs.one + self.costs.overhead)
 
-    def _check_model(self, model: _ModelDrafter) -> None:
+    def _check_model(self, source: str, model: _ModelDrafter) -> None:
         """Give a model drafter up for the session once its measured costs show it cannot pay."""
         step = model.costs.step_s
         if step is None:
             return
         hopeful = model.acceptance.hopeful
-        best = self._best(Source.DRAFT, [hopeful] * self.draft_max, step, None)
+        best = self._best(source, [hopeful] * self.draft_max, step, None)
         none = self._none_rate()
         if best.expected_rate <= none:
             model.off = (
@@ -414,7 +421,7 @@ class Controller:
             model = next((o for s, o in offered.items() if self._kinds[s] == MODEL), None)
             if model is None:
                 return _target_only(Idle.NOTHING_OFFERED)
-            return Plan(model.source, self.draft_len, 0.0, 0.0, model)
+            return Plan(model.source, min(self.draft_len, model.available), 0.0, 0.0, model)
         if self.costs.one_token_samples() < TRUSTED_SAMPLES:
             # Every choice is priced against a one-token pass, so measure a few first (one alone may have
             # been slowed by another process, or by the first pass after a prefill).
@@ -430,7 +437,7 @@ class Controller:
                 options.append(self._best(source, self._copies[source].rates(offer.match_len, k_max), 0.0, offer))
             elif method != "auto":
                 model = self._models[source]
-                rates = [model.acceptance.rate] * self.draft_max
+                rates = [model.acceptance.rate] * min(self.draft_max, offer.available)
                 options.append(self._best(source, rates, self.costs.step_cost(model.costs), offer))
             elif self._models[source].off is None:
                 models.append(offer)

@@ -30,7 +30,7 @@ from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabili
 from localspec.engine.stats import GenerationStats, Idle
 from localspec.engine.text import STOP_STRING, TextPiece, stream_text
 from localspec.errors import PromptTooLong, UsageError
-from localspec.gguf.heads import Eagle3HeadFile
+from localspec.gguf.heads import COMPANION_ARCHITECTURES, HeadFile
 
 if TYPE_CHECKING:  # llguidance loads only for generations that use a grammar
     from localspec.engine.constraints import GrammarConstraint
@@ -57,7 +57,7 @@ class SpeculativeDecoder:
         draft_cost_ratio: prior guess of a draft step's cost relative to a target step.
         draft_load_s: prior guess of the seconds loading the draft model takes (it loads on first use).
         history: earlier answers for suffix decoding (``auto`` only); each answer is added to it.
-        eagle3: an EAGLE-3 head to draft with (methods eagle3 and auto).
+        head: a companion head to draft with (methods eagle3 or dflash, as its kind, and auto).
         on_answer: called once each generation has ended (the session saves what was learnt).
     """
 
@@ -72,17 +72,17 @@ class SpeculativeDecoder:
         draft_load_s: float = 0.0,
         history: HistoryStore | None = None,
         on_answer: Callable[[], None] | None = None,
-        eagle3: Eagle3HeadFile | None = None,
+        head: HeadFile | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
-        self.eagle3 = eagle3
+        self.head = head
         self.history = history
         # Only the drafters this method may draft from: another's per-token upkeep (the n-gram index) would
         # be paid by every round for nothing, a large share of a round beside a GPU pass. The answer history
         # is kept whatever the method, for the runs that draft from it later.
         self.drafters: list[BaseDrafter] = [
-            d for d in make_drafters(DrafterInputs(target, draft, history, method, eagle3))
+            d for d in make_drafters(DrafterInputs(target, draft, history, method, head))
             if method_uses(method, d.source) or d.source == Source.SUFFIX
         ]
         self.controller = Controller(
@@ -94,19 +94,27 @@ class SpeculativeDecoder:
             rollback_window=target.memory_plan.rollback_window,
             speculation_off=target.memory_plan.refused,
             step_cost_ratios={d.source: d.cost_ratio for d in self.drafters if d.cost_ratio is not None},
-            mtp_head="" if any(d.source == Source.MTP for d in self.drafters) else (
-                unsupported_heads(target.mtp_layers)
-                or f"it was not loaded for method {method} (start with mtp or auto)"
-            ),
-            eagle3_head="" if any(d.source == Source.EAGLE3 for d in self.drafters) else (
-                "the pair's draft is no EAGLE-3 head" if eagle3 is None
-                else f"it was not loaded for method {method} (start with eagle3 or auto)"
-            ),
+            heads=self._head_status(method),
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer
         self.stats = GenerationStats()
         self.constraint: GrammarConstraint | None = None  # the running generation's grammar, if any
+
+    def _head_status(self, method: str) -> dict[str, str]:
+        """For each head method, why its head cannot draft in this decoder ("" when it can)."""
+        loaded = {d.source for d in self.drafters}
+        status = {}
+        for kind in ("mtp", *COMPANION_ARCHITECTURES):
+            if kind in loaded:
+                status[kind] = ""
+            elif kind == "mtp" and unsupported_heads(self.target.mtp_layers):
+                status[kind] = unsupported_heads(self.target.mtp_layers)
+            elif kind != "mtp" and (self.head is None or self.head.kind != kind):
+                status[kind] = f"the pair's draft is not {COMPANION_ARCHITECTURES[kind]} head"
+            else:
+                status[kind] = f"it was not loaded for method {method} (start with {kind} or auto)"
+        return status
 
     def drafter(self, source: Source) -> BaseDrafter:
         return next(d for d in self.drafters if d.source == source)
@@ -119,9 +127,9 @@ class SpeculativeDecoder:
         ratio, load_s = self._draft_priors
         draft = self.draft.another() if self.draft is not None and method_uses(method, Source.DRAFT) else None
         target = self.target.another_context() if own_caches else self.target
-        eagle3 = self.eagle3 if method_uses(method, Source.EAGLE3) else None
+        head = self.head if self.head is not None and method_uses(method, Source(self.head.kind)) else None
         other = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio,
-                                   draft_load_s=load_s, history=history, eagle3=eagle3)
+                                   draft_load_s=load_s, history=history, head=head)
         other.controller.remember(self.controller.costs.relative_costs())
         return other
 

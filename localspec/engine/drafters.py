@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from localspec.engine.backend import LlamaModel
 from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.drafting import BaseDrafter
+from localspec.engine.dflash import DFlashDrafter
 from localspec.engine.eagle3 import Eagle3Drafter
 from localspec.engine.grammar_drafter import GrammarDrafter
 from localspec.engine.history import HistoryStore, SuffixDrafter
 from localspec.engine.lookup import LookupDrafter
 from localspec.engine.mtp import MtpDrafter
-from localspec.gguf.heads import Eagle3HeadFile
+from localspec.gguf.heads import HeadFile
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,12 @@ class DrafterInputs:
     draft: DraftModelProposer | None = None
     history: HistoryStore | None = None
     method: str = "auto"  # drafters whose setup costs even when unused (the MTP head's) skip methods without them
-    eagle3: Eagle3HeadFile | None = None  # an EAGLE-3 head given as the pair's draft
+    head: HeadFile | None = None  # a companion head (EAGLE-3, DFlash) given as the pair's draft
 
 
 # In the order the planner breaks ties in. A new drafter adds its class (with a ``make(inputs)``) here.
 DRAFTERS: tuple[type[BaseDrafter], ...] = (
-    GrammarDrafter, LookupDrafter, SuffixDrafter, DraftModelProposer, MtpDrafter, Eagle3Drafter,
+    GrammarDrafter, LookupDrafter, SuffixDrafter, DraftModelProposer, MtpDrafter, Eagle3Drafter, DFlashDrafter,
 )
 
 

@@ -50,6 +50,7 @@ class Source(str, Enum):
     DRAFT = "draft"  # a draft model
     MTP = "mtp"  # the target's own multi-token-prediction head
     EAGLE3 = "eagle3"  # an EAGLE-3 head beside the target
+    DFLASH = "dflash"  # a DFlash head beside the target (a block per pass)
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -61,7 +62,7 @@ TARGET_ALONE = "none"
 # How the planner prices a drafter's offer (see controller.py).
 FORCED = "forced"  # certain tokens (a grammar's), drafted for free and always taken
 COPY = "copy"  # free to draft; acceptance per match length, per draft position
-MODEL = "model"  # drafting costs a pass per token and a catch-up; one acceptance estimate
+MODEL = "model"  # drafting costs a pass per token (or one per block) and a catch-up; one acceptance estimate
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ class Draft:
     q: list[np.ndarray] | None
     source: Source | str
     # A model drafter's measured costs: context tokens it evaluated as a batch before its steps, and its
-    # passes of one or two tokens, each giving the next draft token's logits.
+    # passes of one or two tokens, each giving the next draft token's logits (a block drafter: the rows of
+    # its one pass).
     catch_up_tokens: int = 0
     catch_up_s: float = 0.0
     steps: int = 0
@@ -115,6 +117,9 @@ class BaseDrafter:
     # MODEL: a draft step's cost relative to a target step until measured, where the drafter knows better
     # than the decoder's guess for a draft model (None: that guess).
     cost_ratio: float | None = None
+    # MODEL: one pass drafts the whole block (DFlash), priced like a target pass of as many rows, not a
+    # step per token.
+    block: ClassVar[bool] = False
 
     @classmethod
     def make(cls, inputs) -> BaseDrafter | None:

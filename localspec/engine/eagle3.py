@@ -17,7 +17,7 @@ from time import perf_counter
 
 from localspec.engine.backend import Eagle3Head, LlamaModel
 from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import draw_draft, split_catch_up
+from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, draw_draft, split_catch_up
 
 # Prior acceptance of a head's draft token until measured (EAGLE-3 reports 0.6-0.8 for its first token on
 # chat and code; chained steps fare worse).
@@ -44,9 +44,9 @@ class Eagle3Drafter(BaseDrafter):
     def make(cls, inputs) -> Eagle3Drafter | None:
         from localspec.engine.controller import method_uses  # the controller prices the drafters
 
-        if inputs.eagle3 is None or not method_uses(inputs.method, cls.source):
+        if inputs.head is None or inputs.head.kind != cls.source or not method_uses(inputs.method, cls.source):
             return None
-        return cls(inputs.target, inputs.eagle3.path, inputs.eagle3.layers)
+        return cls(inputs.target, inputs.head.path, inputs.head.layers)
 
     def offer(self, state: RoundState) -> Offer | None:
         context = state.context
@@ -81,7 +81,7 @@ class Eagle3Drafter(BaseDrafter):
         try:
             tokens, q, steps = draw_draft(
                 logits, min(k, self.target.n_ctx - len(context)), step, sampling=state.sampling, rng=state.rng,
-                constraint=state.constraint, min_confidence=0.0, is_end=self.target.is_end_of_generation,
+                constraint=state.constraint, min_confidence=HEAD_MIN_CONFIDENCE, is_end=self.target.is_end_of_generation,
             )
         finally:
             head.rollback(n)  # entries past the context were built on the head's own guesses

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from localspec.engine.constraints import GrammarConstraint
 
 DEFAULT_MIN_CONFIDENCE = 0.5
+# No confidence cut for a head (MTP, EAGLE-3, DFlash): a round the head declined would go unmeasured (no
+# acceptance recorded) while its step was paid, so the planner would go on paying for steps that draft
+# nothing; it picks the draft length from the measured acceptance instead.
+HEAD_MIN_CONFIDENCE = 0.0
 # A round usually starts by evaluating the one or two tokens accepted since the last; a longer catch-up
 # (after a gap, or the whole context on first use) is evaluated as a batch first, so it is timed apart
 # from the steps.

@@ -19,15 +19,11 @@ import numpy as np
 
 from localspec.engine.backend import LlamaModel, MtpHead
 from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import draw_draft, split_catch_up
+from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, draw_draft, split_catch_up
 
 # Prior acceptance of a head's draft token until measured (reported first-token rates for Qwen3.5/3.6 and
 # DeepSeek-V3 heads run 0.7-0.9; chained steps fare worse).
 PRIOR_MTP_ACCEPTANCE = 0.7
-# No confidence cut by default: a round the head declined would go unmeasured (no acceptance recorded)
-# while its step was paid, so the planner would go on paying for steps that draft nothing; it picks the
-# draft length from the measured acceptance instead.
-DEFAULT_MTP_MIN_CONFIDENCE = 0.0
 
 
 class MtpDrafter(BaseDrafter):
@@ -37,7 +33,7 @@ class MtpDrafter(BaseDrafter):
     kind = MODEL
     prior = {1: PRIOR_MTP_ACCEPTANCE}
 
-    def __init__(self, target: LlamaModel, *, min_confidence: float = DEFAULT_MTP_MIN_CONFIDENCE) -> None:
+    def __init__(self, target: LlamaModel, *, min_confidence: float = HEAD_MIN_CONFIDENCE) -> None:
         target.capture_hidden()
         self.target = target
         self.head = MtpHead(target)

@@ -20,7 +20,7 @@ from typing import ContextManager
 from gguf import TokenType
 
 from localspec.errors import GGUFError, TemplateError
-from localspec.gguf.heads import DFLASH_REFUSAL, companion_pairing, model_heads
+from localspec.gguf.heads import companion_pairing, model_heads
 from localspec.gguf.memory import architecture, speculation_note
 from localspec.gguf.templates import render_chat, template_security_findings
 
@@ -156,8 +156,8 @@ def check_model(header: Mapping[str, object]) -> Report:
     findings = [
         *_template_security_findings(side),
         Finding("memory", "ok", "Memory and rollback", speculation_note(architecture(header))),
-        # A companion head is no model to run alone; a DFlash head cannot draft at all.
-        Finding("heads", ("warning" if heads.architecture == "eagle3" else "error") if heads.companion else "ok",
+        # A companion head is no model to run alone.
+        Finding("heads", "warning" if heads.companion else "ok",
                 "Drafting heads", heads.describe()),
     ]
     return make_report(findings)
@@ -309,18 +309,17 @@ def _memory_finding(t: _Side, d: _Side) -> Finding:
 
 
 def _heads_finding(t: _Side, d: _Side) -> Finding:
-    """The heads each model carries; an EAGLE-3 head as the draft must fit the target, a DFlash head is
-    refused up front."""
+    """The heads each model carries; a companion head (EAGLE-3, DFlash) as the draft must fit the target."""
     draft = model_heads(d.header)
-    if draft.architecture == "eagle3":
+    if draft.companion:
+        kind = draft.architecture
         problems = companion_pairing(t.header, d.header)
         if problems:
-            return Finding("heads", "error", "The draft is an EAGLE-3 head that cannot read this target", "; ".join(problems))
-        layers = d.header.get("eagle3.target_layers")
-        return Finding("heads", "ok", "The draft is an EAGLE-3 head for this target",
-                       f"it reads the inputs of target layers {layers}; --method eagle3 (and auto) draft with it")
-    if draft.companion:
-        return Finding("heads", "error", f"The draft is {draft.companion} head for another model", DFLASH_REFUSAL)
+            return Finding("heads", "error", f"The draft is {draft.companion} head that cannot read this target",
+                           "; ".join(problems))
+        layers = d.header.get(f"{kind}.target_layers")
+        return Finding("heads", "ok", f"The draft is {draft.companion} head for this target",
+                       f"it reads the inputs of target layers {layers}; --method {kind} (and auto) draft with it")
     notes = [f"{side.name}: {model_heads(side.header).describe()}" for side in (t, d)]
     return Finding("heads", "ok", "Drafting heads", "; ".join(notes))
 

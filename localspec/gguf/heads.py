@@ -18,10 +18,11 @@ MTP_ARCHITECTURES = frozenset({
     "qwen35", "qwen35moe", "qwen3next", "deepseek2", "deepseek32", "deepseek4", "glm4moe", "glm-dsa",
     "glm5-next", "bailingmoe3", "cohere2moe", "hy_v3", "mimo2", "nemotron_h_moe", "step35",
 })
-# Companion heads: a draft GGUF of this architecture reads the target's hidden states.
+# Companion heads: a draft GGUF of this architecture reads the target's hidden states. Its architecture is
+# also the method that drafts with it.
 COMPANION_ARCHITECTURES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}
 # Targets whose pinned llama.cpp graph exposes its layer inputs (res->t_layer_inp in src/models/*.cpp), which
-# an EAGLE-3 head reads; on any other, llama.cpp aborts at the first pass (llama-graph.cpp's assert).
+# EAGLE-3 and DFlash heads read; on any other, llama.cpp aborts at the first pass (llama-graph.cpp's assert).
 LAYER_INPUT_ARCHITECTURES = frozenset({
     "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4", "gpt-oss",
     "nemotron_h", "lfm2", "minimax-01", "minimax-m2", "mimo2", "bailingmoe3", "deepseek4", "hunyuan_vl",
@@ -29,10 +30,15 @@ LAYER_INPUT_ARCHITECTURES = frozenset({
 })
 # The layers an EAGLE-3 head reads (llama.cpp's loop takes exactly three).
 EAGLE3_LAYERS = 3
-# Why localspec cannot run a DFlash head.
-DFLASH_REFUSAL = (
-    "localspec does not draft with DFlash heads yet (stock llama.cpp's --spec-type draft-dflash does); "
-    "use the model's MTP head (--method mtp), an EAGLE-3 head or a draft model"
+# DFlash descendants localspec does not draft with, by a key only each one's converter writes.
+DFLASH_VARIANTS = {
+    "dflash.selector_top_k": "a DFlash2 head (its tokens come from a selector lattice)",
+    "dflash.sample_from_anchor": "a DSpark head (a Markov head chains its block)",
+    "dflash.hyper_connection.count": "a DeepSeek-V4 DSpark head",
+}
+DFLASH_VARIANT_FIX = (
+    "localspec drafts with DFlash (block) heads only; stock llama.cpp's --spec-type draft-dflash or draft-dspark "
+    "runs this one"
 )
 
 
@@ -51,10 +57,9 @@ class Heads:
 
     def describe(self) -> str:
         """One line for people: the heads and whether localspec drafts with them."""
-        if self.architecture == "eagle3":
-            return "an EAGLE-3 head for another model: give it as the draft, --method eagle3 (and auto) draft with it"
         if self.companion:
-            return f"{self.companion} head for another model: {DFLASH_REFUSAL}"
+            return (f"{self.companion} head for another model: give it as the draft, --method {self.architecture} "
+                    "(and auto) draft with it")
         if not self.mtp_layers:
             return "no built-in drafting heads"
         heads = f"{self.mtp_layers} MTP head{'s' if self.mtp_layers > 1 else ''} (nextn_predict_layers)"
@@ -72,24 +77,37 @@ def model_heads(header: Mapping[str, object]) -> Heads:
 
 
 @dataclass(frozen=True)
-class Eagle3HeadFile:
-    """An EAGLE-3 head file, as the engine loads it beside its target."""
+class HeadFile:
+    """A companion head file (EAGLE-3 or DFlash), as the engine loads it beside its target."""
 
+    kind: str  # its architecture, "eagle3" or "dflash": also the method that drafts with it
     path: Path
     layers: tuple[int, ...]  # the target layers whose inputs it reads
+    # DFlash: the trained block (the last token and up to block_size - 1 drafts), the mask token the
+    # drafts are denoised from, and whether attention within the block is causal.
+    block_size: int = 0
+    mask_token: int = -1
+    causal: bool = False
 
 
-def eagle3_head(path: Path, header: Mapping[str, object]) -> Eagle3HeadFile | None:
-    """The EAGLE-3 head in ``path`` (its header already read), or None if the file is no such head."""
-    if architecture(header) != "eagle3":
+def companion_head(path: Path, header: Mapping[str, object]) -> HeadFile | None:
+    """The companion head in ``path`` (its header already read), or None if the file is no such head."""
+    arch = architecture(header)
+    if arch not in COMPANION_ARCHITECTURES:
         return None
-    layers = header.get("eagle3.target_layers")
-    return Eagle3HeadFile(path, tuple(layers) if isinstance(layers, list) else ())
+    layers = header.get(f"{arch}.target_layers")
+    layers = tuple(layers) if isinstance(layers, list) else ()
+    if arch == "eagle3":
+        return HeadFile(arch, path, layers)
+    block, mask = header.get("dflash.block_size", 16), header.get("tokenizer.ggml.mask_token_id", -1)
+    return HeadFile(arch, path, layers, block_size=block if isinstance(block, int) else 0,
+                    mask_token=mask if isinstance(mask, int) else -1,
+                    causal=header.get("dflash.attention.causal") is True)
 
 
 def companion_pairing(target: Mapping[str, object], head: Mapping[str, object]) -> list[str]:
-    """What keeps an EAGLE-3 head from reading ``target``: the target's graph, its hidden size and the
-    layers the head reads."""
+    """What keeps a companion head from reading ``target``: the target's graph, its hidden size and the
+    layers the head reads; for DFlash also its block, its mask token and its variant."""
     arch = architecture(head)
     problems = []
     target_arch = architecture(target)
@@ -98,17 +116,35 @@ def companion_pairing(target: Mapping[str, object], head: Mapping[str, object]) 
             f"the pinned llama.cpp's {target_arch} graph does not expose its layer inputs, which the head reads "
             f"(it does for {', '.join(sorted(LAYER_INPUT_ARCHITECTURES))})"
         )
-    hidden = head.get(f"{arch}.target_hidden_size")
+    # An EAGLE-3 head names the width it reads; a DFlash head reads rows of its own width.
+    hidden = head.get(f"{arch}.target_hidden_size" if arch == "eagle3" else f"{arch}.embedding_length")
     target_hidden = target.get(f"{architecture(target)}.embedding_length")
     if isinstance(hidden, int) and isinstance(target_hidden, int) and hidden != target_hidden:
         problems.append(f"it reads hidden states of width {hidden}, the target's are {target_hidden}")
     layers = head.get(f"{arch}.target_layers")
-    if not isinstance(layers, list) or len(layers) != EAGLE3_LAYERS:
+    if arch == "eagle3" and (not isinstance(layers, list) or len(layers) != EAGLE3_LAYERS):
         problems.append(f"its {arch}.target_layers must name {EAGLE3_LAYERS} target layers, it has {layers!r}")
+    if arch == "dflash":
+        problems += _dflash_problems(head, layers)
     blocks = target.get(f"{architecture(target)}.block_count")
     if isinstance(layers, list) and isinstance(blocks, int):
         blocks -= model_heads(target).mtp_layers  # MTP blocks come after the trunk
         beyond = [layer for layer in layers if isinstance(layer, int) and not 0 <= layer < blocks]
         if beyond:
             problems.append(f"it reads target layers {beyond}, the target has {blocks}")
+    return problems
+
+
+def _dflash_problems(head: Mapping[str, object], layers: object) -> list[str]:
+    problems = []
+    if not isinstance(layers, list) or not layers:
+        problems.append(f"its dflash.target_layers must name the target layers it reads, it has {layers!r}")
+    block = head.get("dflash.block_size", 16)
+    if not isinstance(block, int) or block < 2:
+        problems.append(f"its dflash.block_size must be at least 2, it is {block!r}")
+    if not isinstance(head.get("tokenizer.ggml.mask_token_id"), int):
+        problems.append("it names no mask token (tokenizer.ggml.mask_token_id), which its drafts start from")
+    variants = [what for key, what in DFLASH_VARIANTS.items() if key in head]
+    if variants:
+        problems.append(f"it is {variants[0]}: {DFLASH_VARIANT_FIX}")
     return problems
