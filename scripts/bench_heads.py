@@ -31,12 +31,21 @@ multiplied all the same), so the costs are the real model's. Two figures come ou
 2. ``localspec bench --vs-llama-cpp BIN`` on every model: stock llama-completion, stock draft-mtp and
    localspec none / mtp / auto, interleaved, greedy, with the acceptance each reached.
 
+With ``--extrapolate-to N`` (for Qwen3.5-27B, the largest dense Qwen3.5/3.6: ``--shape 27b --layers 4
+--extrapolate-to 64``), the MTP head is measured on random models of ``--layers`` and twice as many layers
+at that model's published widths, and priced at N layers: each pass size's cost is extended along the
+line through the two depths (per-layer cost plus what does not grow with depth: embeddings, output
+projection, launch), a hybrid checkpoint and restore in proportion to the layers (the recurrent state is
+per layer), and the head step and round overhead as measured (the head is one block and the output
+projection whatever the trunk's depth). Said in the output: figures for N layers are extrapolated.
+
 Run it alone on the machine (every timing is contaminated by other processes):
 
     python scripts/bench_heads.py /tmp/mtp-bench --bin "$(scripts/build-llama-cpp-stock --cached)"
     python scripts/bench_heads.py /tmp/mtp-bench --quick          # a smoke run: a small model, costs only
     python scripts/bench_heads.py /tmp/mtp-bench --eagle3 --scales 0.3 --bin ...   # the EAGLE-3 head too
     python scripts/bench_heads.py /tmp/mtp-bench --dflash --scales 0.3 --bin ...   # the DFlash head too
+    python scripts/bench_heads.py /tmp/27b --shape 27b --layers 4 --extrapolate-to 64   # Qwen3.5-27B, priced
 """
 
 from __future__ import annotations
@@ -51,7 +60,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localspec.bench.stock import overall_rows  # noqa: E402
-from scripts.make_hybrid_model import QUANT_TYPES, make_hybrid_model, qwen35_0_8b_spec  # noqa: E402
+from scripts.make_hybrid_model import (  # noqa: E402
+    QUANT_TYPES, SHAPES, make_hybrid_model, qwen35_0_8b_spec, qwen35_27b_spec,
+)
 from localspec.gguf.header import read_header  # noqa: E402
 from localspec.gguf.heads import HeadFile, companion_head  # noqa: E402
 from tests.tiny_models import write_tiny_dflash_head, write_tiny_eagle3_head  # noqa: E402
@@ -142,11 +153,10 @@ def longest(source) -> int:
     return DFLASH_BLOCK - 1 if source == "dflash" else 16
 
 
-def speed_curve(decoder, source) -> list[tuple[float, int, float]]:
+def speed_curve(controller, source) -> list[tuple[float, int, float]]:
     """(acceptance, best draft length, expected speed / target alone) from the measured costs, through the
     planner's own pricing (checkpoint, restore and replay of the hybrid state included; a DFlash block as
     one head pass of its rows)."""
-    controller = decoder.controller
     step = controller.step_cost(source)
     curve = []
     for a in ACCEPTANCES:
@@ -155,8 +165,7 @@ def speed_curve(decoder, source) -> list[tuple[float, int, float]]:
     return curve
 
 
-def break_even(decoder, source) -> float | None:
-    controller = decoder.controller
+def break_even(controller, source) -> float | None:
     step = controller.step_cost(source)
     low, high = 0.0, 1.0
     if controller._best(source, [high] * longest(source), step, None).expected_rate <= controller._none_rate():
@@ -181,10 +190,56 @@ def print_costs(measured: dict, model: Path, threads: int) -> None:
           f"overhead {beliefs['overhead_s']} s")
     print(f"  acceptance there by draft length (accepted, drafted): {measured['acceptance']}")
     print("\nexpected speed / target alone (each draft position accepted at the same rate, best draft length):")
-    for a, k, speed in speed_curve(decoder, source):
+    print_curve(decoder.controller, source)
+
+
+def print_curve(controller, source) -> None:
+    for a, k, speed in speed_curve(controller, source):
         print(f"  acceptance {a:.1f}: {speed:.2f}x at k={k}")
-    even = break_even(decoder, source)
+    even = break_even(controller, source)
     print(f"  break-even acceptance: {'never pays' if even is None else f'{even:.2f}'}")
+
+
+def extrapolate(args) -> None:
+    """The MTP head of a ``--shape`` model priced at ``--extrapolate-to`` layers from two shallow copies."""
+    from localspec.engine.controller import Controller
+    from localspec.engine.costs import TRUSTED_SAMPLES
+    from localspec.engine.drafting import Source
+    from localspec.engine.mtp import MtpDrafter
+
+    depths = (args.layers, 2 * args.layers)
+    measured = {}
+    for depth in depths:
+        spec = qwen35_27b_spec(layers=depth) if args.shape == "27b" else qwen35_0_8b_spec(layers=depth)
+        path = args.out / f"qwen35-{args.shape}-{depth}-layers-mtp-{args.type}.gguf"
+        if not path.exists():
+            print(f"writing {path}", file=sys.stderr)
+            make_hybrid_model(path, replace(spec, mtp=True), quant_type=args.type)
+        measured[depth] = measure_costs(path, threads=args.threads, max_tokens=args.max_tokens)
+        print_costs(measured[depth], path, args.threads)
+        print()
+    shallow, deep = (measured[d]["decoder"].controller for d in depths)
+    full_depth = args.extrapolate_to
+    scale = (full_depth - depths[0]) / (depths[1] - depths[0])
+    full = Controller(Source.MTP, drafters=[MtpDrafter], heads={"mtp": ""}, rollback_window=shallow.rollback_window)
+    near, far = shallow.costs.measured_passes(), deep.costs.measured_passes()
+    for size in sorted(set(near) & set(far)):
+        for _ in range(TRUSTED_SAMPLES):
+            full.costs.record_pass(size, near[size] + scale * (far[size] - near[size]))
+    per_layer = full_depth / depths[1]
+    full.costs.checkpoint_s = (deep.costs.checkpoint_s or 0.0) * per_layer
+    full.costs.restore_s = (deep.costs.restore_s or 0.0) * per_layer
+    full.costs.overhead = shallow.costs.overhead
+    step = shallow.step_cost(Source.MTP)
+    full._models[Source.MTP].costs.step_s = step
+    one = full.costs.one
+    print(f"EXTRAPOLATED to {full_depth} layers ({args.shape}) from {depths[0]} and {depths[1]} layers:")
+    print(f"  one-token pass {one:.3f} s ({1 / one:.2f} tok/s target alone); pass / one-token pass by batch size: "
+          + ", ".join(f"{b}: {full.costs.pass_cost(b) / one:.2f}" for b in (2, 3, 4, 5, 7, 9) if b in near))
+    print(f"  head step {step:.4f} s = {step / one:.3f} of a one-token pass; checkpoint {full.costs.checkpoint_s:.4f} s, "
+          f"restore {full.costs.restore_s:.4f} s (in proportion to the layers)")
+    print("expected speed / target alone (each draft position accepted at the same rate, best draft length):")
+    print_curve(full, Source.MTP)
 
 
 def side_by_side(models: dict, bin_dir: str, args, head: HeadFile | None = None) -> None:
@@ -220,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workloads", default="code-edit,code-new")
     parser.add_argument("--quick", action="store_true", help="a 4-layer, 256-wide, 32k-vocabulary model; costs only")
+    parser.add_argument("--shape", choices=SHAPES, default="0.8b", help="whose published widths (with --extrapolate-to)")
+    parser.add_argument("--extrapolate-to", type=int, help="price the MTP head at this many layers (see above)")
     parser.add_argument("--eagle3", action="store_true", help="an EAGLE-3 head beside the random model, measured too")
     parser.add_argument("--dflash", action="store_true", help="a DFlash head beside the random model, measured too")
     parser.add_argument("--heads-only", action="store_true", help="measure the companion heads only, not the MTP head")
@@ -227,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.layers, args.embd, args.vocab, args.scales, args.max_tokens = 4, 256, 32000, "0.3", 32
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.extrapolate_to:
+        extrapolate(args)
+        return
     scales = [float(s) for s in args.scales.split(",")]
     if COST_MODEL.removeprefix("agree-") not in args.scales.split(","):
         scales.append(0.3)

@@ -1,4 +1,5 @@
-"""How a drafter that is a model (a draft model, the target's MTP head) picks its tokens from its logits.
+"""How a drafter that is a model (a draft model, a head) picks its tokens from its logits; and the round of
+a head that chains on its own state (``ChainedHeadDrafter``: MTP, EAGLE-3).
 
 Greedy: the argmax. Sampled: a token drawn from q, the distribution verification then judges it by.
 Drafting stops once the drafter's top probability falls below ``min_confidence`` (a token it is unsure of
@@ -9,11 +10,13 @@ taken back afterwards, since verification decides what is emitted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState
 from localspec.engine.sampling import SamplingParams, probabilities, sample
 
 if TYPE_CHECKING:
@@ -87,3 +90,72 @@ def draw_draft(
     if constraint is not None:
         constraint.step_back(followed)
     return tokens, None if sampling.greedy else qs, steps
+
+
+class ChainedHeadDrafter(BaseDrafter):
+    """The round of a head that drafts token by token on a context of its own (MTP, EAGLE-3).
+
+    Entry i of the head's cache is built from ``entries(context)[i]`` and a state row (``states``: the
+    target's, which subclasses say how to read). The head catches up lazily, when it drafts: the entries
+    since its last draft are evaluated in one batch whose last row gives the first draft token; further
+    draft tokens chain the head on its own state, and those entries are taken back after drafting, as they
+    were built on guesses. Rollbacks of the target need nothing here: entries are judged against the context
+    by their tokens, and the target's rows below its position belong to the tokens it holds. Subclasses set
+    ``target`` and ``head`` (a backend ``_HeadContext``).
+    """
+
+    kind = MODEL
+    min_confidence = HEAD_MIN_CONFIDENCE
+
+    def entries(self, context: Sequence[int]) -> Sequence[int]:
+        """The token each entry of the head's cache is built from, for ``context``."""
+        return context
+
+    def states(self, start: int, stop: int) -> np.ndarray:
+        """The state rows the head reads with entries start..stop - 1."""
+        raise NotImplementedError
+
+    def offer(self, state: RoundState) -> Offer | None:
+        context = state.context
+        if not self.entries(context):
+            return None
+        return Offer(self.source, state.limit, catch_up=lambda: self._catch_up(context)[1])
+
+    def _catch_up(self, context: Sequence[int]) -> tuple[int, int]:
+        entries = self.entries(context)
+        return split_catch_up(self.head.common_prefix(entries), len(entries))
+
+    def draft(self, offer: Offer, k: int, state: RoundState) -> Draft:
+        context, head = state.context, self.head
+        entries = self.entries(context)
+        n = len(entries)
+        started = perf_counter()
+        keep, batch = self._catch_up(context)
+        head.rollback(keep)
+        rows = self.states(keep, n)
+        if batch:
+            head.eval(entries[keep : keep + batch], rows[:batch], logits=False)
+        catch_up_s = perf_counter() - started
+        logits, state_row = head.eval(entries[keep + batch :], rows[batch:])
+        chained = [state_row]
+
+        def step(token: int) -> np.ndarray:
+            logits, state_row = head.eval([token], chained[-1][None, :])
+            chained.append(state_row)
+            return logits
+
+        try:
+            tokens, q, steps = draw_draft(
+                logits, min(k, self.target.n_ctx - len(context)), step, sampling=state.sampling, rng=state.rng,
+                constraint=state.constraint, min_confidence=self.min_confidence,
+                is_end=self.target.is_end_of_generation,
+            )
+        finally:
+            head.rollback(n)
+        return Draft(tokens, q, self.source, batch, catch_up_s, steps + 1, perf_counter() - started - catch_up_s)
+
+    def end(self, context: Sequence[int]) -> None:
+        self.head.rollback(self.head.common_prefix(self.entries(context)))
+
+    def close(self) -> None:
+        self.head.close()

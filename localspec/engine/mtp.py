@@ -1,36 +1,28 @@
-"""The MTP drafter: the target's own multi-token-prediction head (Qwen3.5/3.6's "nextn" block) drafts.
+"""The MTP drafter: the target's own multi-token-prediction head (Qwen3.5/3.6's "nextn") drafts.
 
 The head reads the token at position p and the target's last hidden state at p - 1 and guesses the token
-at p + 2; its KV cache (``MtpHead``) holds one entry per context position. The target keeps its hidden
-states per position (``LlamaModel.hidden``), so the head catches up lazily, when it drafts: the entries
-since its last draft are evaluated in one batch whose last row gives the first draft token. Further draft
-tokens chain the head on its own hidden state (the target's is not known yet past the context), and those
-entries are taken back after drafting: they were built on guesses. Rollbacks of the target need nothing
-here: the head's entries are judged against the context by their tokens, and rows of ``hidden`` below
-the target's position always belong to the tokens it holds.
+at p + 2; its KV cache (``MtpHead``) holds one entry per context position, and the target keeps its hidden
+states per position (``LlamaModel.hidden``). The round (lazy catch-up, chained steps on the head's own
+hidden state, entries taken back) is every chained head's (``ChainedHeadDrafter``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from time import perf_counter
-
 import numpy as np
 
 from localspec.engine.backend import LlamaModel, MtpHead
-from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, draw_draft, split_catch_up
+from localspec.engine.drafting import Source
+from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, ChainedHeadDrafter
 
 # Prior acceptance of a head's draft token until measured (reported first-token rates for Qwen3.5/3.6 and
 # DeepSeek-V3 heads run 0.7-0.9; chained steps fare worse).
 PRIOR_MTP_ACCEPTANCE = 0.7
 
 
-class MtpDrafter(BaseDrafter):
+class MtpDrafter(ChainedHeadDrafter):
     """Drafts with the target's MTP head; needs a target loaded with ``load_mtp`` and one head."""
 
     source = Source.MTP
-    kind = MODEL
     prior = {1: PRIOR_MTP_ACCEPTANCE}
 
     def __init__(self, target: LlamaModel, *, min_confidence: float = HEAD_MIN_CONFIDENCE) -> None:
@@ -49,50 +41,10 @@ class MtpDrafter(BaseDrafter):
             return None
         return cls(inputs.target)
 
-    def offer(self, state: RoundState) -> Offer:
-        context = state.context
-        return Offer(self.source, state.limit, catch_up=lambda: self._catch_up(context)[1])
-
-    def _catch_up(self, context: Sequence[int]) -> tuple[int, int]:
-        return split_catch_up(self.head.common_prefix(context), len(context))
-
-    def _states(self, start: int, stop: int) -> np.ndarray:
+    def states(self, start: int, stop: int) -> np.ndarray:
         """The target's hidden states before positions start..stop - 1 (none before the first token)."""
         rows = self.target.hidden[max(start - 1, 0) : stop - 1]
         return rows if start > 0 else np.vstack([np.zeros((1, self.head.n_embd), np.float32), rows])
-
-    def draft(self, offer: Offer, k: int, state: RoundState) -> Draft:
-        context, head = state.context, self.head
-        n = len(context)
-        started = perf_counter()
-        keep, batch = self._catch_up(context)
-        head.rollback(keep)
-        if batch:
-            head.eval(context[keep : keep + batch], self._states(keep, keep + batch), logits=False)
-        catch_up_s = perf_counter() - started
-        logits, hidden = head.eval(context[keep + batch :], self._states(keep + batch, n))
-        chained = [hidden]
-
-        def step(token: int) -> np.ndarray:
-            logits, hidden = head.eval([token], chained[-1][None, :])
-            chained.append(hidden)
-            return logits
-
-        try:
-            tokens, q, steps = draw_draft(
-                logits, min(k, self.target.n_ctx - n), step, sampling=state.sampling, rng=state.rng,
-                constraint=state.constraint, min_confidence=self.min_confidence,
-                is_end=self.target.is_end_of_generation,
-            )
-        finally:
-            head.rollback(n)  # entries past the context were built on the head's own guesses
-        return Draft(tokens, q, self.source, batch, catch_up_s, steps + 1, perf_counter() - started - catch_up_s)
-
-    def end(self, context: Sequence[int]) -> None:
-        self.head.rollback(self.head.common_prefix(context))
-
-    def close(self) -> None:
-        self.head.close()
 
 
 def unsupported_heads(layers: int) -> str | None:
