@@ -1,181 +1,25 @@
-"""Drafting with an EAGLE-3 head beside the target, on a tiny llama-graph target and a seeded-random head
-written in llama.cpp's eagle3 format (tests/tiny_models.py). A random head rarely agrees with its target,
-so most drafts roll back; outputs are checked against the target alone, the head's state against a fresh
-head's, and its sampled output against the target's exact distribution.
-"""
+"""What only an EAGLE-3 head does (the behaviour it shares with DFlash heads: test_companion_heads.py)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from localspec.cli.app import app
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
 from localspec.engine.drafting import RoundState, Source
 from localspec.engine.sampling import SamplingParams
-from localspec.errors import UsageError
-from localspec.gguf.header import read_header
-from localspec.gguf.heads import companion_head
-from tests.test_bench_stock import run_bench, stock_bin  # noqa: F401 (a fixture)
-from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
-from tests.test_mtp import assert_drafts_as_fresh
-from tests.tiny_models import TinySpec, write_tiny_eagle3_head, write_tiny_model
-
-PROMPT = "hello world the code print x = hello world the code"
-N_CTX = 512
-TARGET = TinySpec(seed=4, n_layers=3, logit_scale=4.0)
-LAYERS = (0, 1, 2)
+from tests.test_companion_heads import LAYERS, TARGET, generate, make_decoder
+from tests.tiny_models import write_tiny_eagle3_head, write_tiny_model
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("eagle3")
-    target = write_tiny_model(folder / "target.gguf", TARGET)
-    head = write_tiny_eagle3_head(folder / "head.gguf", TARGET, LAYERS)
-    return target, head
-
-
-def make_decoder(pair, *, method="eagle3", draft_len=None) -> SpeculativeDecoder:
-    target_path, head_path = pair
-    target = LlamaModel(target_path, n_ctx=N_CTX, n_threads=1)
-    head = companion_head(head_path, read_header(head_path))
-    return SpeculativeDecoder(target, method=method, draft_len=draft_len, head=None if method == "none" else head)
-
-
-def generate(decoder, prompt, max_tokens=60, sampling=SamplingParams()):
-    return [t for step in decoder.generate(prompt, max_tokens=max_tokens, sampling=sampling) for t in step.tokens]
-
-
-@pytest.fixture(scope="module")
-def baseline(pair):
-    decoder = make_decoder(pair, method="none")
-    prompt = decoder.target.tokenize(PROMPT, add_bos=True)
-    return prompt, generate(decoder, prompt)
-
-
-@pytest.mark.parametrize("method,draft_len", [("eagle3", 1), ("eagle3", 4), ("eagle3", None), ("auto", None)])
-def test_greedy_output_of_every_method_equals_target_alone(pair, baseline, method, draft_len):
-    prompt, expected = baseline
-    decoder = make_decoder(pair, method=method, draft_len=draft_len)
-    assert generate(decoder, prompt) == expected
-    if method == "eagle3":
-        assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0
-
-
-def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(pair, baseline):
-    """The head's entries are kept in step (entry e from the token at e + 1 and g at e): after a generation
-    full of rejections, its next draft and the distributions it drew it from are a fresh head's."""
-    prompt, expected = baseline
-    used = make_decoder(pair, draft_len=5)
-    assert generate(used, prompt) == expected
-    assert_drafts_as_fresh(used, make_decoder(pair, draft_len=5), prompt + expected, Source.EAGLE3)
-
-
-def test_sampled_output_follows_the_target_distribution(pair):
-    prompt = LlamaModel(pair[0], vocab_only=True).tokenize("hello world", add_bos=True)
-    dist = exact_sequence_distribution(pair[0], prompt)
-    pvalue, drafted, accepted = sequence_pvalue(make_decoder(pair, draft_len=2), prompt, dist)
-    assert pvalue > ALPHA
-    assert drafted > 0 and accepted > 0  # drafts were judged, and some kept: both paths of acceptance ran
-
-
-def test_eagle3_needs_a_head(pair):
-    target = LlamaModel(pair[0], n_ctx=N_CTX, n_threads=1)
-    with pytest.raises(UsageError, match="eagle3 needs an EAGLE-3 head as the draft"):
-        SpeculativeDecoder(target, method="eagle3")
-
-
-def test_run_json_shows_the_head_as_a_method(pair):
-    texts = {}
-    for method in ("none", "eagle3"):
-        result = CliRunner().invoke(app, ["run", "--json", "--threads", "1", PROMPT, "--target", str(pair[0]),
-                                          "--draft", str(pair[1]), "--raw", "--method", method, "--temp", "0",
-                                          "-n", "40"])
-        assert result.exit_code == 0, result.output
-        data = json.loads(result.stdout)
-        texts[method] = data["text"]
-    assert data["stats"]["by_method"]["eagle3"]["drafted"] > 0
-    assert texts["eagle3"] == texts["none"]
-
-
-def check_json(*args: str) -> tuple[int, dict]:
-    result = CliRunner().invoke(app, ["check", "--json", *args])
-    return result.exit_code, json.loads(result.stdout)
-
-
-def heads(report: dict) -> dict:
-    return next(f for f in report["findings"] if f["code"] == "heads")
-
-
-def test_check_accepts_a_fitting_head_and_names_what_keeps_another_from_its_target(pair, tmp_path):
-    code, report = check_json(str(pair[0]), str(pair[1]))
-    assert code == 0, report
-    assert heads(report)["title"] == "The draft is an EAGLE-3 head for this target"
-    assert "--method eagle3" in heads(report)["detail"]
-    # The same head beside a wider, shallower target, and beside a target whose graph keeps no layer inputs.
-    other = write_tiny_model(tmp_path / "wide.gguf", TinySpec(seed=4, n_layers=2, n_embd=128))
-    code, report = check_json(str(other), str(pair[1]))
-    assert code == 1
-    assert "width 64, the target's are 128" in report["first_reason"]
-    assert "target layers [2], the target has 2" in report["first_reason"]
-    mamba = write_tiny_model(tmp_path / "mamba.gguf", TinySpec(architecture="mamba", seed=4, n_layers=3))
-    code, report = check_json(str(mamba), str(pair[1]))
-    assert code == 1 and "mamba graph does not expose its layer inputs" in report["first_reason"]
-    # Alone, a head is no model to run: said, not refused.
-    code, report = check_json(str(pair[1]))
-    assert code == 0 and "give it as the draft" in heads(report)["detail"]
-
-
-@pytest.mark.stock
-@pytest.mark.slow
-def test_the_stock_comparison_puts_draft_eagle3_beside_localspec_eagle3(stock_bin, pair, tmp_path, monkeypatch):
-    from localspec.bench import stock
-
-    monkeypatch.setattr(stock, "TRUNCATED_ATTEMPTS", 30)  # tiny runs can outpace llama.cpp's log thread
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"workload": "echo", "id": "words", "prompt": PROMPT}) + "\n")
-    out = tmp_path / "stock.json"
-    result = run_bench(
-        "--target", pair[0], "--draft", pair[1], "--prompts", prompts, "--methods", "none", "--runs", 1,
-        "--max-tokens", 24, "--ctx", 512, "--threads", 1, "--vs-llama-cpp", stock_bin, "--json", out,
-    )
-    assert result.exit_code == 0, result.output
-    rows = {r["engine"]: r for r in json.loads(out.read_text())["rows"] if r["workload"] == "echo"}
-    # The head is no draft model: stock's draft-simple is left out, its draft-eagle3 runs beside ours.
-    assert "stock draft-simple" not in rows
-    assert rows["stock draft-eagle3"]["drafted"] > 0 and rows["localspec eagle3 k=auto"]["drafted"] > 0
-    assert rows["localspec eagle3 k=auto"]["identical"]
-
-
-@pytest.mark.parametrize("spec", [
-    # Qwen3.5's hybrid layout: rejected drafts roll the recurrent state back (checkpoint and replay).
-    TinySpec(architecture="qwen35", seed=4, n_layers=4, logit_scale=4.0),
-    # Qwen3-Coder-30B-A3B's: attention and experts.
-    TinySpec(architecture="qwen3moe", seed=4, n_layers=3, logit_scale=4.0, head_dim=32,
-             n_expert=4, n_expert_used=2, n_ff_expert=32),
-], ids=["qwen35", "qwen3moe"])
-def test_greedy_output_on_hybrid_and_moe_targets_equals_target_alone(tmp_path, spec):
-    target = write_tiny_model(tmp_path / "target.gguf", spec)
-    pair = (target, write_tiny_eagle3_head(tmp_path / "head.gguf", spec, LAYERS))
-    baseline = make_decoder(pair, method="none")
-    prompt = baseline.target.tokenize(PROMPT, add_bos=True)
-    expected = generate(baseline, prompt)
-    for draft_len in (3, None):
-        decoder = make_decoder(pair, draft_len=draft_len)
-        assert generate(decoder, prompt) == expected, draft_len
-        assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0
-
-
-def test_a_head_with_its_own_smaller_vocabulary_drafts_only_those_tokens(tmp_path, pair, baseline):
+def test_a_head_with_its_own_smaller_vocabulary_drafts_only_those_tokens(tmp_path):
     """Published heads draft from the target's 32k likeliest tokens (their own output projection and d2t,
     the map back to the target's ids): llama.cpp gives every other token -inf, so none is ever drafted."""
+    target = write_tiny_model(tmp_path / "target.gguf", TARGET)
     head = write_tiny_eagle3_head(tmp_path / "head-d2t.gguf", TARGET, LAYERS, draft_vocab=20)
-    prompt, expected = baseline
-    decoder = make_decoder((pair[0], head), draft_len=4)
+    baseline = make_decoder((target, head), method="none")
+    prompt = baseline.target.tokenize("hello world the code print x = hello world the code", add_bos=True)
+    expected = generate(baseline, prompt)
+    decoder = make_decoder((target, head), draft_len=4)
     assert generate(decoder, prompt) == expected
     assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0
     context = prompt + expected

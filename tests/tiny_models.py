@@ -465,13 +465,39 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     _add_tokenizer(writer, spec)
     for key, value in spec.extra.items():
         _add_value(writer, key, value)
-    for name, array in _weights(spec):
-        writer.add_tensor(name, _stored(name, array, spec.f16))
+    _write_out(writer, _weights(spec), spec.f16)
+    return path
+
+
+def _write_out(writer: gguf.GGUFWriter, tensors, f16: bool) -> None:
+    """Add ``tensors`` ((name, array) pairs) as converters store them, and write the file."""
+    for name, array in tensors:
+        writer.add_tensor(name, _stored(name, array, f16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+
+
+def _head_writer(
+    path: Path, arch: str, target: TinySpec, layers: tuple[int, ...], *, seed: int, n_layers: int
+) -> gguf.GGUFWriter:
+    """A companion head file's writer with what EAGLE-3 and DFlash heads share: ``n_layers`` blocks of the
+    target's width with their own attention heads, the target layers read, and the target's tokenizer."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}-{seed}")
+    writer.add_context_length(target.n_ctx)
+    writer.add_embedding_length(target.n_embd)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(target.n_ff)
+    writer.add_head_count(target.n_head)
+    writer.add_head_count_kv(target.n_head)
+    writer.add_rope_dimension_count(target.n_embd // target.n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_array(f"{arch}.target_layers", list(layers))
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, target)
+    return writer
 
 
 def write_tiny_eagle3_head(
@@ -484,20 +510,8 @@ def write_tiny_eagle3_head(
     that many target tokens, mapped back by ``d2t`` (published heads draft from a 32k-token vocabulary)."""
     d, n_head, ff = target.n_embd, target.n_head, target.n_ff
     head_dim = d // n_head  # its own attention, whatever the target's
-    writer = gguf.GGUFWriter(str(path), "eagle3")
-    writer.add_name(f"tiny-eagle3-{seed}")
-    writer.add_context_length(target.n_ctx)
-    writer.add_embedding_length(d)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_array("eagle3.target_layers", list(layers))
+    writer = _head_writer(path, "eagle3", target, layers, seed=seed, n_layers=1)
     writer.add_uint32("eagle3.target_hidden_size", d)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
-    _add_tokenizer(writer, target)
     rng = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
@@ -521,12 +535,7 @@ def write_tiny_eagle3_head(
     if draft_vocab is not None:
         tensors |= {"output.weight": mat(draft_vocab, d, 0.15 * target.logit_scale),
                     "d2t": np.arange(draft_vocab, dtype=np.int64)}
-    for name, array in tensors.items():
-        writer.add_tensor(name, _stored(name, array, target.f16) if array.dtype == np.float32 else array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write_out(writer, tensors.items(), target.f16)
     return path
 
 
@@ -540,22 +549,10 @@ def write_tiny_dflash_head(
     and output projection are the target's (lent by llama.cpp). ``extra``: more header keys (a variant's)."""
     d, n_head, ff = target.n_embd, target.n_head, target.n_ff
     head_dim = d // n_head
-    writer = gguf.GGUFWriter(str(path), "dflash")
-    writer.add_name(f"tiny-dflash-{seed}")
-    writer.add_context_length(target.n_ctx)
-    writer.add_embedding_length(d)
-    writer.add_block_count(n_layers)
-    writer.add_feed_forward_length(ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_array("dflash.target_layers", list(layers))
+    writer = _head_writer(path, "dflash", target, layers, seed=seed, n_layers=n_layers)
     writer.add_uint32("dflash.block_size", block_size)
     for key, value in (extra or {}).items():
         _add_value(writer, key, value)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
-    _add_tokenizer(writer, target)
     writer.add_mask_token_id(len(target.tokens) - 1)
     rng = np.random.default_rng(seed)
 
@@ -577,12 +574,7 @@ def write_tiny_dflash_head(
             f"blk.{i}.ffn_up.weight": mat(ff, d),
             f"blk.{i}.ffn_down.weight": mat(d, ff),
         }
-    for name, array in tensors.items():
-        writer.add_tensor(name, _stored(name, array, target.f16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write_out(writer, tensors.items(), target.f16)
     return path
 
 

@@ -460,13 +460,32 @@ class LlamaModel:
                 getattr(self, part).close()
 
 
-class _HeadContext:
-    """A drafting head's own context beside the target's: each KV entry is built from a token and a state
-    row (the target's, or the head's own when chaining). ``tokens`` mirrors the entries; ``eval`` appends
-    entries and returns the last one's logits (the head's guess of the next token) and the head's own state
-    there, which a chained step feeds back where the target's is not known yet. Its memory is a plain KV
-    cache, so it rolls back anywhere. Subclasses open ``_ctx`` and set ``n_embd``, ``n_vocab``, ``n_batch``,
-    ``_lib`` and ``_name``, then call ``_init_batch``."""
+class _HeadCache:
+    """A drafting head's own KV cache beside the target's. ``tokens`` mirrors its entries (the token each is
+    judged by); the memory is a plain KV cache, so it rolls back anywhere. Subclasses open ``_ctx`` and set
+    ``_lib`` and ``_name``."""
+
+    def _decode(self, batch, n_past: int) -> None:
+        code = self._lib.llama_decode(self._ctx.ctx, batch)
+        if code != 0:
+            self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
+            raise LocalspecError(f"llama_decode of {self._name} failed with code {code} at position {n_past}")
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < len(self.tokens):
+            if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1):
+                raise LocalspecError(f"llama.cpp refused to roll {self._name} back to position {n_past}")
+            del self.tokens[n_past:]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, tokens)
+
+
+class _HeadContext(_HeadCache):
+    """A chained head's context: each KV entry is built from a token and a state row (the target's, or the
+    head's own when chaining). ``eval`` appends entries and returns the last one's logits (the head's guess
+    of the next token) and the head's own state there, which a chained step feeds back where the target's
+    is not known yet. Subclasses also set ``n_embd``, ``n_vocab`` and ``n_batch``, then call ``_init_batch``."""
 
     # A head whose graph computes logits for every row of a pass: llama.cpp then copies out the first rows,
     # as many as the batch flags, so a pass that wants the last row's must flag them all.
@@ -496,10 +515,7 @@ class _HeadContext:
                 first_logit = 0
             _fill_batch(batch, chunk, n_past, first_logit)
             self._embd[: len(chunk)] = hidden[start : start + len(chunk)]
-            code = self._lib.llama_decode(self._ctx.ctx, batch)
-            if code != 0:
-                self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
-                raise LocalspecError(f"llama_decode of {self._name} failed with code {code} at position {n_past}")
+            self._decode(batch, n_past)
             self.tokens.extend(chunk)
         if not logits:
             return None
@@ -507,15 +523,6 @@ class _HeadContext:
         pointer = llama_cpp_ext().llama_get_embeddings_nextn_ith(self._ctx.ctx, last)
         state = np.ctypeslib.as_array(pointer, shape=(self.n_embd,))
         return row, state.copy()
-
-    def rollback(self, n_past: int) -> None:
-        if n_past < len(self.tokens):
-            if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1):
-                raise LocalspecError(f"llama.cpp refused to roll {self._name} back to position {n_past}")
-            del self.tokens[n_past:]
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        return common_prefix_length(self.tokens, tokens)
 
     def close(self) -> None:
         if self._batch is not None:
@@ -630,7 +637,7 @@ class Eagle3Head(_HeadContext):
             self._model.close()
 
 
-class DFlashHead:
+class DFlashHead(_HeadCache):
     """A DFlash head (a companion GGUF) on a context of its own beside the target's.
 
     Entry p of its KV cache holds the head's keys and values of the target's layer inputs at context
@@ -692,21 +699,6 @@ class DFlashHead:
             return rows.reshape(k + 1, self.n_vocab)[1:].copy()
         finally:
             self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
-
-    def _decode(self, batch, n_past: int) -> None:
-        code = self._lib.llama_decode(self._ctx.ctx, batch)
-        if code != 0:
-            self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)
-            raise LocalspecError(f"llama_decode of {self._name} failed with code {code} at position {n_past}")
-
-    def rollback(self, n_past: int) -> None:
-        if n_past < len(self.tokens):
-            if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1):
-                raise LocalspecError(f"llama.cpp refused to roll {self._name} back to position {n_past}")
-            del self.tokens[n_past:]
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        return common_prefix_length(self.tokens, tokens)
 
     def close(self) -> None:
         if self._block is not None:

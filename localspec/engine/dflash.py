@@ -17,7 +17,7 @@ from time import perf_counter
 
 from localspec.engine.backend import DFlashHead, LlamaModel
 from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, draw_draft
+from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, companion_cost_ratio, companion_file, draw_draft
 from localspec.gguf.heads import HeadFile
 
 # Prior acceptance of a draft token until measured, as for an EAGLE-3 head: a block's first positions are
@@ -39,18 +39,12 @@ class DFlashDrafter(BaseDrafter):
         self.head = DFlashHead(head.path, target, len(head.layers) * target.n_embd,
                                mask_token=head.mask_token, causal=head.causal)
         self.max_block = head.block_size - 1  # the drafts a trained block holds after the last token
-        # A one-row pass against a target pass, by parameters until measured: the head's layers, and an output
-        # projection counted at the target's size (a head lends it, or carries a smaller one of its own).
-        output = target.n_vocab * target.n_embd_out
-        self.cost_ratio = min(1.0, (self.head.n_params + output) / max(target.n_params, 1))
+        self.cost_ratio = companion_cost_ratio(self.head.n_params, target)  # a one-row pass's
 
     @classmethod
     def make(cls, inputs) -> DFlashDrafter | None:
-        from localspec.engine.controller import method_uses  # the controller prices the drafters
-
-        if inputs.head is None or inputs.head.kind != cls.source or not method_uses(inputs.method, cls.source):
-            return None
-        return cls(inputs.target, inputs.head)
+        head = companion_file(cls, inputs)
+        return None if head is None else cls(inputs.target, head)
 
     def offer(self, state: RoundState) -> Offer | None:
         context = state.context

@@ -15,7 +15,7 @@ import numpy as np
 
 from localspec.engine.backend import Eagle3Head, LlamaModel
 from localspec.engine.drafting import Source
-from localspec.engine.model_drafting import ChainedHeadDrafter
+from localspec.engine.model_drafting import ChainedHeadDrafter, companion_cost_ratio, companion_file
 from localspec.gguf.heads import HeadFile
 
 # Prior acceptance of a head's draft token until measured (EAGLE-3 reports 0.6-0.8 for its first token on
@@ -33,18 +33,12 @@ class Eagle3Drafter(ChainedHeadDrafter):
         target.capture_layer_inputs(head.layers)
         self.target = target
         self.head = Eagle3Head(head.path, target, features=len(head.layers) * target.n_embd)
-        # A step's cost against a target pass, by parameters until measured: the head's block, and an output
-        # projection counted at the target's size (a head lends it, or carries a smaller one of its own).
-        output = target.n_vocab * target.n_embd_out
-        self.cost_ratio = min(1.0, (self.head.n_params + output) / max(target.n_params, 1))
+        self.cost_ratio = companion_cost_ratio(self.head.n_params, target)
 
     @classmethod
     def make(cls, inputs) -> Eagle3Drafter | None:
-        from localspec.engine.controller import method_uses  # the controller prices the drafters
-
-        if inputs.head is None or inputs.head.kind != cls.source or not method_uses(inputs.method, cls.source):
-            return None
-        return cls(inputs.target, inputs.head)
+        head = companion_file(cls, inputs)
+        return None if head is None else cls(inputs.target, head)
 
     def entries(self, context: Sequence[int]) -> Sequence[int]:
         return context[1:]  # the first entry needs the target's layer inputs at a token before it

@@ -92,6 +92,22 @@ def draw_draft(
     return tokens, None if sampling.greedy else qs, steps
 
 
+def companion_file(cls: type[BaseDrafter], inputs):
+    """The companion head file (``inputs.head``) drafter ``cls`` drafts with: one of its kind, where the
+    method uses it; else None."""
+    from localspec.engine.controller import method_uses  # the controller prices the drafters
+
+    head = inputs.head
+    return head if head is not None and head.kind == cls.source and method_uses(inputs.method, cls.source) else None
+
+
+def companion_cost_ratio(head_params: int, target) -> float:
+    """A companion head's pass against a target pass, by parameters until measured: its own, and an output
+    projection counted at the target's size (it lends the target's, or carries a smaller one of its own)."""
+    output = target.n_vocab * target.n_embd_out
+    return min(1.0, (head_params + output) / max(target.n_params, 1))
+
+
 class ChainedHeadDrafter(BaseDrafter):
     """The round of a head that drafts token by token on a context of its own (MTP, EAGLE-3).
 
