@@ -94,16 +94,13 @@ def write_head(kind: str, out: Path, *, layers: int, embd: int, vocab: int) -> H
     """An EAGLE-3 or DFlash head for the ``random`` target (float16, as converted heads ship), written once."""
     spec = replace(qwen35_0_8b_spec(layers=layers, embd=embd, vocab=vocab), f16=True, n_head=16)
     path = out / f"{kind}-head-{layers}x{embd}-f16.gguf"
-    if kind == "eagle3":
-        target_layers = (2, layers // 2, layers - 3)
-        write = lambda: write_tiny_eagle3_head(path, spec, target_layers, draft_vocab=min(EAGLE3_DRAFT_VOCAB, vocab))  # noqa: E731
-    else:
-        target_layers = tuple(1 + i * (layers - 3) // (DFLASH_LAYERS - 1) for i in range(DFLASH_LAYERS))
-        write = lambda: write_tiny_dflash_head(path, spec, target_layers, n_layers=DFLASH_LAYERS,  # noqa: E731
-                                               block_size=DFLASH_BLOCK)
     if not path.exists():
         print(f"writing {path}", file=sys.stderr)
-        write()
+        if kind == "eagle3":
+            write_tiny_eagle3_head(path, spec, (2, layers // 2, layers - 3), draft_vocab=min(EAGLE3_DRAFT_VOCAB, vocab))
+        else:
+            target_layers = tuple(1 + i * (layers - 3) // (DFLASH_LAYERS - 1) for i in range(DFLASH_LAYERS))
+            write_tiny_dflash_head(path, spec, target_layers, n_layers=DFLASH_LAYERS, block_size=DFLASH_BLOCK)
     return companion_head(path, read_header(path))
 
 

@@ -500,6 +500,16 @@ def _head_writer(
     return writer
 
 
+def _random_matrices(seed: int):
+    """mat(rows, cols, scale): a head's seeded-random float32 matrices, drawn in call order."""
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
+        return rng.normal(0.0, scale, size=(rows, cols)).astype(np.float32)
+
+    return mat
+
+
 def write_tiny_eagle3_head(
     path: Path, target: TinySpec, layers: tuple[int, ...], *, seed: int = 7, draft_vocab: int | None = None
 ) -> Path:
@@ -512,10 +522,7 @@ def write_tiny_eagle3_head(
     head_dim = d // n_head  # its own attention, whatever the target's
     writer = _head_writer(path, "eagle3", target, layers, seed=seed, n_layers=1)
     writer.add_uint32("eagle3.target_hidden_size", d)
-    rng = np.random.default_rng(seed)
-
-    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
-        return rng.normal(0.0, scale, size=(rows, cols)).astype(np.float32)
+    mat = _random_matrices(seed)
 
     tensors = {
         "fc.weight": mat(d, len(layers) * d),
@@ -554,10 +561,7 @@ def write_tiny_dflash_head(
     for key, value in (extra or {}).items():
         _add_value(writer, key, value)
     writer.add_mask_token_id(len(target.tokens) - 1)
-    rng = np.random.default_rng(seed)
-
-    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
-        return rng.normal(0.0, scale, size=(rows, cols)).astype(np.float32)
+    mat = _random_matrices(seed)
 
     tensors = {"fc.weight": mat(d, len(layers) * d), "enc.output_norm.weight": _ones(d), "output_norm.weight": _ones(d)}
     for i in range(n_layers):

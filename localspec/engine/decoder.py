@@ -19,7 +19,7 @@ import numpy as np
 
 from localspec.engine.acceptance import verify_greedy, verify_sampled
 from localspec.engine.backend import LlamaModel
-from localspec.engine.controller import Controller, Plan, method_uses
+from localspec.engine.controller import HEAD_METHODS, Controller, Plan, method_uses
 from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO
 from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.drafters import DrafterInputs, make_drafters
@@ -104,12 +104,13 @@ class SpeculativeDecoder:
     def _head_status(self, method: str) -> dict[str, str]:
         """For each head method, why its head cannot draft in this decoder ("" when it can)."""
         loaded = {d.source for d in self.drafters}
+        unsupported = unsupported_heads(self.target.mtp_layers)
         status = {}
-        for kind in ("mtp", *COMPANION_ARCHITECTURES):
+        for kind in HEAD_METHODS:
             if kind in loaded:
                 status[kind] = ""
-            elif kind == "mtp" and unsupported_heads(self.target.mtp_layers):
-                status[kind] = unsupported_heads(self.target.mtp_layers)
+            elif kind == "mtp" and unsupported:
+                status[kind] = unsupported
             elif kind != "mtp" and (self.head is None or self.head.kind != kind):
                 status[kind] = f"the pair's draft is not {COMPANION_ARCHITECTURES[kind]} head"
             else:

@@ -74,7 +74,7 @@ class DFlashDrafter(BaseDrafter):
         return Draft(tokens, q, self.source, n - keep, catch_up_s, k + 1, perf_counter() - started - catch_up_s)
 
     def end(self, context: Sequence[int]) -> None:
-        self.head.rollback(self.head.common_prefix(context[:-1]))
+        self.head.rollback(self._kept(context))
 
     def close(self) -> None:
         self.head.close()

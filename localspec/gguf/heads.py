@@ -30,6 +30,8 @@ LAYER_INPUT_ARCHITECTURES = frozenset({
 })
 # The layers an EAGLE-3 head reads (llama.cpp's loop takes exactly three).
 EAGLE3_LAYERS = 3
+# A DFlash head's block when its file names none (llama.cpp's default in common/speculative.cpp).
+DFLASH_DEFAULT_BLOCK = 16
 # DFlash descendants localspec does not draft with, by a key only each one's converter writes.
 DFLASH_VARIANTS = {
     "dflash.selector_top_k": "a DFlash2 head (its tokens come from a selector lattice)",
@@ -99,7 +101,8 @@ def companion_head(path: Path, header: Mapping[str, object]) -> HeadFile | None:
     layers = tuple(layers) if isinstance(layers, list) else ()
     if arch == "eagle3":
         return HeadFile(arch, path, layers)
-    block, mask = header.get("dflash.block_size", 16), header.get("tokenizer.ggml.mask_token_id", -1)
+    block = header.get("dflash.block_size", DFLASH_DEFAULT_BLOCK)
+    mask = header.get("tokenizer.ggml.mask_token_id", -1)
     return HeadFile(arch, path, layers, block_size=block if isinstance(block, int) else 0,
                     mask_token=mask if isinstance(mask, int) else -1,
                     causal=header.get("dflash.attention.causal") is True)
@@ -139,7 +142,7 @@ def _dflash_problems(head: Mapping[str, object], layers: object) -> list[str]:
     problems = []
     if not isinstance(layers, list) or not layers:
         problems.append(f"its dflash.target_layers must name the target layers it reads, it has {layers!r}")
-    block = head.get("dflash.block_size", 16)
+    block = head.get("dflash.block_size", DFLASH_DEFAULT_BLOCK)
     if not isinstance(block, int) or block < 2:
         problems.append(f"its dflash.block_size must be at least 2, it is {block!r}")
     if not isinstance(head.get("tokenizer.ggml.mask_token_id"), int):
