@@ -205,8 +205,9 @@ def localspec_command(args, port: int) -> list[str]:
 
 
 def llama_server_command(args, port: int) -> list[str]:
+    # --metrics: its Anthropic and Responses streams carry no timings; its counters say what each request cost.
     return [args.llama_server, "-m", str(args.target_path), "-t", str(args.threads), "-c", str(args.ctx),
-            "--host", "127.0.0.1", "--port", str(port), *args.llama_server_args]
+            "--host", "127.0.0.1", "--port", str(port), "--metrics", *args.llama_server_args]
 
 
 # -- requests ----------------------------------------------------------------------------------------
@@ -279,6 +280,27 @@ def with_timings(answer: Answer, timings: dict | None) -> Answer:
     return answer
 
 
+def counters(base: str) -> dict[str, float]:
+    """llama-server's Prometheus counters by name ({} where the server has no /metrics, as localspec)."""
+    response = httpx.get(f"{base}/metrics", timeout=30)
+    if response.status_code != 200:
+        return {}
+    values = (line.split() for line in response.text.splitlines() if line and not line.startswith("#"))
+    return {name.rpartition(":")[2]: float(value) for name, value in values}
+
+
+def with_counted_timings(answer: Answer, before: dict[str, float], after: dict[str, float]) -> Answer:
+    """The answer's timings from the server's counters before and after it, where its body carried none."""
+    if answer.prompt_n is not None or not before or not after:
+        return answer
+    spent = {name: after[name] - before.get(name, 0.0) for name in after}
+    answer.prompt_n, answer.cache_n = int(spent["prompt_tokens_total"]), int(spent["prompt_tokens_cached_total"])
+    answer.prompt_ms, answer.predicted_n = 1e3 * spent["prompt_seconds_total"], int(spent["tokens_predicted_total"])
+    seconds = spent["tokens_predicted_seconds_total"]
+    answer.predicted_per_second = answer.predicted_n / seconds if seconds > 0 else None
+    return answer
+
+
 def send_as_clients_do(base: str, request: Request, body: dict) -> tuple[Answer, int]:
     """``send``, retried on a new connection when the server closed one before answering (stock llama-server
     drops a kept-alive connection after some streamed answers), as the clients' SDKs retry connection errors;
@@ -296,9 +318,10 @@ def send_as_clients_do(base: str, request: Request, body: dict) -> tuple[Answer,
 def replay(base: str, requests: list[Request], args) -> list[Answer]:
     answers = []
     for i, request in enumerate(requests):
+        before = counters(base)
         answer, retries = send_as_clients_do(base, request, as_sent(request, temperature=args.temperature,
                                                                     max_tokens=args.max_tokens))
-        answers.append(answer)
+        answers.append(with_counted_timings(answer, before, counters(base) if before else {}))
         print(f"  request {i + 1}/{len(requests)} {request.path}: {answer.seconds:.1f} s, "
               f"prefilled {answer.prompt_n}, reused {answer.cache_n}"
               + (f", after {retries} connection retries" if retries else "")

@@ -254,23 +254,24 @@ TURNS = {"text": (TEXT_TASK, "paris"), "tool": (TOOL_TASK, CODE_WORD.lower())}
 @pytest.mark.real
 @pytest.mark.parametrize("turn", TURNS)
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn, request):
-    """The tool turn: the client runs its file-reading tool and sends the file back; the answer quotes it."""
-    if (client, turn) == ("codex", "tool"):
-        # The default pair's 1.5B model answers Codex's exec_command output by calling Codex's write_stdin
-        # with the file's content: 10 of 10 replays of a recorded round trip with the output's chunk id and
-        # wall time varied. The code word reaches the answer only when the model writes an invalid session_id
-        # (the chunk id) and the server reads the would-be call as text (7 of 10), so a pass here is luck.
-        request.applymarker(pytest.mark.xfail(reason="the 1.5B model calls write_stdin instead of answering "
-                                                     "after Codex's tool output (issue 29, open)", strict=False))
+def test_a_text_turn_and_a_tool_round_trip(real_server, project, client, turn):
+    """The tool turn: the client runs its file-reading tool and sends the file back, the server answers that
+    request; and the answer quotes the file."""
     run, path, tool = CLIENTS[client]
     task, expected = TURNS[turn]
     with recording(real_server, client) as (recorder, url):
         answer = run(url, project, task.format(notes=NOTES, tool=tool))
     answered(recorder)
     assert {r["path"] for r in recorder.requests} == {path}
-    assert expected in answer.lower()
     assert turn == "text" or sent_tool_result(recorder)
+    if (client, turn) == ("codex", "tool") and expected not in answer.lower():
+        # The round trip above is the server's part. What the model then writes is its own: the default
+        # pair's 1.5B model answers Codex's exec_command output by calling Codex's write_stdin with the
+        # file's content (10 of 10 replays of a recorded round trip with the output's chunk id and wall time
+        # varied), and then often nothing; it quotes the code word only when that would-be call names an
+        # invalid session_id and is read as text.
+        pytest.xfail("the 1.5B model calls write_stdin instead of quoting Codex's tool output")
+    assert expected in answer.lower()
 
 
 # -- an interleaved session ------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ def test_a_dflash_descendant_is_refused_up_front_with_the_reason(pair, tmp_path,
     code, report = check_json(str(pair[0]), str(head))
     assert code == 1
     assert named in report["first_reason"] and "draft-dflash or draft-dspark" in report["first_reason"]
+    # Alone, it is not offered as a draft either.
+    code, report = check_json(str(head))
+    detail = next(f for f in report["findings"] if f["code"] == "heads")["detail"]
+    assert named in detail and "draft-dflash or draft-dspark" in detail and "give it as the draft" not in detail
     result = CliRunner().invoke(app, ["run", "--threads", "1", PROMPT, "--target", str(pair[0]), "--draft", str(head),
                                       "--raw", "--method", "dflash", "-n", "8"])
     assert result.exit_code != 0 and (result.exception is None or isinstance(result.exception, SystemExit))

@@ -31,6 +31,7 @@ from localspec.engine.sampling import SamplingParams
 from localspec.prompt_cache import SUFFIX, PromptCache, usable_prefix
 from localspec.server.worker import GenerationWorker
 from localspec.session import ModelOptions, Pair, open_decoder
+from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
 from tests.test_server import TIMEOUT_S, serving
 
 N_CTX = 512
@@ -441,6 +442,28 @@ def test_bench_agents_replay_prefills_only_what_no_earlier_request_shares(tiny_t
         assert answer.prompt_n + answer.cache_n == len(prompt)  # the script renders what the server prefills
         assert answer.prompt_n <= new + bench.PREFILL_SLACK
     assert answers[3].cache_n >= len(prompts[1])
+
+
+def test_bench_agents_counts_what_llama_server_prefilled_where_its_stream_carries_no_timings(
+        stock_bin, tiny_target, tmp_path):
+    """Stock llama-server's Anthropic and Responses streams carry no timings: its counters (/metrics) say
+    what each request prefilled and reused."""
+    bench = load_bench()
+    agent = "You are an agent. " + "hello world the code print x = 1. " * 8
+    first = {"stream": True, "system": agent, "max_tokens": 6, "messages": [{"role": "user", "content": TEXTS[0]}]}
+    later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "x = 1"},
+                                   {"role": "user", "content": TEXTS[1]}]}
+    requests = [bench.Request("/v1/messages?beta=true", first), bench.Request("/v1/messages?beta=true", later),
+                bench.Request("/v1/responses", {"stream": True, "instructions": agent, "input": TEXTS[2],
+                                                "max_output_tokens": 6})]
+    args = argparse.Namespace(llama_server=str(stock_bin / "llama-server"), target_path=tiny_target, threads=1,
+                              ctx=1024, llama_server_args=[], temperature=0.0, max_tokens=None)
+    answers = bench.run_engine("llama-server", tmp_path / "session.jsonl", requests, args, tmp_path).answers
+    assert [a.status for a in answers] == [200, 200, 200]
+    cold, turn, side = answers
+    assert cold.cache_n == 0 and cold.prompt_n > 60 and cold.predicted_n > 0
+    assert turn.cache_n >= cold.prompt_n - 8 and 0 < turn.prompt_n < cold.prompt_n // 2
+    assert side.prompt_n + side.cache_n > 60 and side.prompt_ms > 0
 
 
 def test_bench_agents_gives_no_session_verdict_when_an_engine_failed_a_request(capsys):

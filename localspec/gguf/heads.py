@@ -51,6 +51,7 @@ class Heads:
     architecture: str
     mtp_layers: int  # nextn_predict_layers: MTP blocks after the trunk
     companion: str | None  # "an EAGLE-3" or "a DFlash" when the file is such a head
+    variant: str | None = None  # what DFlash descendant it is, when localspec does not draft with it
 
     @property
     def mtp_runs(self) -> bool:
@@ -59,6 +60,8 @@ class Heads:
 
     def describe(self) -> str:
         """One line for people: the heads and whether localspec drafts with them."""
+        if self.variant:
+            return f"{self.variant} for another model: {DFLASH_VARIANT_FIX}"
         if self.companion:
             return (f"{self.companion} head for another model: give it as the draft, --method {self.architecture} "
                     "(and auto) draft with it")
@@ -75,7 +78,13 @@ class Heads:
 def model_heads(header: Mapping[str, object]) -> Heads:
     arch = architecture(header)
     layers = header.get(f"{arch}.nextn_predict_layers", 0)
-    return Heads(arch, layers if isinstance(layers, int) and layers > 0 else 0, COMPANION_ARCHITECTURES.get(arch))
+    return Heads(arch, layers if isinstance(layers, int) and layers > 0 else 0, COMPANION_ARCHITECTURES.get(arch),
+                 dflash_variant(header) if arch == "dflash" else None)
+
+
+def dflash_variant(header: Mapping[str, object]) -> str | None:
+    """Which DFlash descendant a dflash head is (None: plain DFlash, which localspec drafts with)."""
+    return next((what for key, what in DFLASH_VARIANTS.items() if key in header), None)
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,7 @@ def _dflash_problems(head: Mapping[str, object], layers: object) -> list[str]:
         problems.append(f"its dflash.block_size must be at least 2, it is {block!r}")
     if not isinstance(head.get("tokenizer.ggml.mask_token_id"), int):
         problems.append("it names no mask token (tokenizer.ggml.mask_token_id), which its drafts start from")
-    variants = [what for key, what in DFLASH_VARIANTS.items() if key in head]
-    if variants:
-        problems.append(f"it is {variants[0]}: {DFLASH_VARIANT_FIX}")
+    variant = dflash_variant(head)
+    if variant:
+        problems.append(f"it is {variant}: {DFLASH_VARIANT_FIX}")
     return problems
