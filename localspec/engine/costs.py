@@ -190,6 +190,8 @@ class Costs:
 
     # -- model drafters --------------------------------------------------------------------------
     def step_cost(self, model: ModelDrafterCosts) -> float | None:
+        """Seconds of one draft step: a token of a chained drafter; of a block drafter, a one-row pass (the
+        planner scales it to a block's rows as the target's passes scale)."""
         if model.step_s is not None:
             return model.step_s
         return None if self.one is None else self.one * model.cost_ratio
