@@ -50,6 +50,7 @@ ROW_TYPES = {
     "per_position_acceptance": list,
     "target_passes": (float, int),
     "ttft_s": (float, int),
+    "planned": dict,
     "per_prompt": list,
 }
 
@@ -133,6 +134,11 @@ def test_a_small_bench_writes_json_csv_and_plot(tiny_target, tiny_draft, prompt_
         assert row["runs"] == 2 and row["generated_tokens"] > 0
     baseline = [r for r in rows if r["method"] == "none"]
     assert all(r["speedup"] == 1.0 and r["tok_per_s"] == r["baseline_tok_per_s"] for r in baseline)
+    # auto priced its rounds: each choice's expected tokens against those it got (target alone: exactly one).
+    planned = next(r for r in rows if r["method"] == "auto" and r["draft_len"] == "auto")["planned"]
+    assert planned["none"]["tokens"] == planned["none"]["rounds"] > 0
+    # a forced method with a fixed k is not priced
+    assert all(r["planned"] == {} for r in rows if r["method"] in ("lookup", "draft") and r["draft_len"] == 2)
     drafts = [r for r in rows if r["method"] == "draft"]
     assert all(r["acceptance_rate"] > 0 and r["per_position_acceptance"] for r in drafts)
     assert {r["workload"] for r in document["recommendations"]} == {"echo", "session"}

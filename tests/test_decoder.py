@@ -11,9 +11,11 @@ from scipy import stats
 from localspec.engine import acceptance
 from localspec.engine.backend import LlamaModel
 from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.drafting import TARGET_ALONE, Source
 from localspec.engine.history import HistoryStore
 from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.sampling import SamplingParams, probabilities, sample
+from localspec.engine.stats import GenerationStats
 from localspec.errors import ContextFullError
 
 PROMPTS = [
@@ -250,6 +252,24 @@ def test_auto_gives_up_a_draft_that_never_pays(make_tiny_model, tiny_target, bas
         assert generate(decoder, prompt) == expected
         assert "draft" not in decoder.stats.rounds_by_method
     assert draft.model.tokens == held[: len(draft.model.tokens)]  # rolled back, never fed again
+
+
+def test_each_priced_choice_shows_what_the_planner_expected_against_what_came(tiny_target, baselines):
+    """Target alone yields one token a round, exactly as priced; its time is priced from the measured one-token
+    passes; a copy round yields what it accepted plus the target's token."""
+    decoder = make_decoder(tiny_target, method="auto")
+    answers = []
+    for prompt, expected in baselines * 2:
+        assert generate(decoder, prompt) == expected
+        answers.append(decoder.stats)
+    stats = GenerationStats.pooled(answers)
+    planned = stats.to_dict()["planned"]
+    alone = planned[TARGET_ALONE]
+    assert alone["rounds"] > 0 and alone["tokens"] == alone["rounds"] and alone["tokens_ratio"] == 1.0
+    assert 0.3 < alone["time_ratio"] < 3.0, alone
+    lookup = planned[Source.LOOKUP]
+    assert 0 < lookup["rounds"] <= stats.rounds_by_method[Source.LOOKUP]
+    assert lookup["rounds"] < lookup["tokens"] <= stats.accepted_by_method[Source.LOOKUP] + lookup["rounds"]
 
 
 def test_draft_catch_up_is_priced_as_proposed(tiny_target, tiny_draft, baselines):

@@ -9,6 +9,7 @@ def _recorded(rounds: list[tuple[str, int, int]], tokens: int) -> GenerationStat
     stats = GenerationStats(generated_tokens=tokens)
     for method, drafted, accepted in rounds:
         stats.record_round(method, drafted, accepted)
+        stats.record_plan(method, 1.0 + drafted / 2, 0.1 + drafted / 100, accepted + 1, 0.1 + drafted / 90)
     return stats
 
 
@@ -30,7 +31,7 @@ def test_pooled_figures_equal_those_of_one_generation_with_every_round():
     pooled = GenerationStats.pooled([_recorded(first, 3), _recorded(second, 12)])
     together = _recorded(first + second, 15)
     for key in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "per_position_drafted",
-                "by_method", "drafted", "accepted", "target_passes", "generated_tokens"):
+                "by_method", "drafted", "accepted", "target_passes", "generated_tokens", "planned"):
         assert pooled.to_dict()[key] == together.to_dict()[key], key
 
 

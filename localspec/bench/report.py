@@ -34,6 +34,10 @@ JSON schema (``localspec bench --json FILE``), version ``localspec-bench/1``::
       "target_passes": float,        # target forward passes per answer after prefill (mean of per-prompt medians)
       "generated_tokens": float,     # tokens per answer (mean of per-prompt medians)
       "ttft_s": float | null,        # time to first token, prefill of the uncached prompt included
+      "planned": {choice: {"rounds": int, "expected_tokens": float, "tokens": int, "expected_s": float,
+                           "seconds": float, "tokens_ratio": float | null, "time_ratio": float | null}},
+                                     # the planner's priced rounds per choice ("none" too): what it expected
+                                     # of them against what they gave, pooled
       "per_prompt": [{"id": str, "tok_per_s": float, "speedup": float | null, "expected_speedup": float | null,
                       "identical": bool | null, "ttft_s": float | null, "target_passes": float,
                       "acceptance_rate": float}, ...]
@@ -229,6 +233,7 @@ def _row(
         "target_passes": _round(fmean(p["target_passes"] for p in per_prompt), 1),
         "generated_tokens": _round(fmean(median(m.stats.generated_tokens for m in r.runs) for r in records), 1),
         "ttft_s": _round(_mean_or_none(p["ttft_s"] for p in per_prompt), 4),
+        "planned": pooled["planned"],
         "per_prompt": per_prompt,
     }
 

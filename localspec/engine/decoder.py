@@ -254,9 +254,14 @@ class SpeculativeDecoder:
         stats.draft_s += draft_s
         stats.verify_s += verify_s
         stats.rollback_s += rollback_s
-        overhead = perf_counter() - started - draft_s - verify_s - rollback_s
+        elapsed = perf_counter() - started
+        overhead = elapsed - draft_s - verify_s - rollback_s
         stats.overhead_s += overhead
         controller.costs.record_overhead(overhead)
+        # A priced plan carried out as priced (a probe's figures are its hopes, not its expectation).
+        if plan.expected_rate > 0 and k == plan.k and not plan.explored:
+            stats.record_plan(plan.method, plan.expected_tokens, plan.expected_tokens / plan.expected_rate,
+                              accepted + 1, elapsed)
         return step
 
     def _verify(self, last: int, draft: Draft) -> tuple[np.ndarray, float, float]:

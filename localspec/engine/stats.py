@@ -29,6 +29,37 @@ class Idle(str, Enum):
 
 
 @dataclass
+class Planned:
+    """The planner's expectation for the rounds it priced with one choice, against what they gave: so a
+    cost or acceptance model that is off on this machine shows in one answer, not only in whole-run speed."""
+
+    rounds: int = 0
+    expected_tokens: float = 0.0
+    tokens: int = 0
+    expected_s: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, other: Planned) -> None:
+        self.rounds += other.rounds
+        self.expected_tokens += other.expected_tokens
+        self.tokens += other.tokens
+        self.expected_s += other.expected_s
+        self.seconds += other.seconds
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "expected_tokens": round(self.expected_tokens, 2),
+            "tokens": self.tokens,
+            "expected_s": round(self.expected_s, 4),
+            "seconds": round(self.seconds, 4),
+            # Above 1: the choice yielded more tokens, or took longer, than the planner expected.
+            "tokens_ratio": round(self.tokens / self.expected_tokens, 3) if self.expected_tokens else None,
+            "time_ratio": round(self.seconds / self.expected_s, 3) if self.expected_s else None,
+        }
+
+
+@dataclass
 class GenerationStats:
     """Counts and times for one generation (one answer)."""
 
@@ -59,6 +90,7 @@ class GenerationStats:
     explored_rounds: int = 0  # rounds that probed a drafter whose estimate may be too low
     idle: dict[str, int] = field(default_factory=dict)  # rounds kept to the target alone, by Idle reason
     memory_kind: str = ""  # the target's MemoryKind
+    planned: dict[str, Planned] = field(default_factory=dict)  # by the planner's choice (its priced rounds)
 
     def record_round(self, method: str, drafted: int, accepted: int, *, idle: Idle | None = None,
                      explored: bool = False) -> None:
@@ -81,6 +113,10 @@ class GenerationStats:
             if i < accepted:
                 self.per_position_accepted[i] += 1
 
+    def record_plan(self, choice: str, expected_tokens: float, expected_s: float, tokens: int, seconds: float) -> None:
+        """A round the planner priced: what it expected of ``choice`` and what the round gave."""
+        self.planned.setdefault(choice, Planned()).add(Planned(1, expected_tokens, tokens, expected_s, seconds))
+
     @classmethod
     def pooled(cls, generations: Iterable[GenerationStats]) -> GenerationStats:
         """Counts and times of several generations added up, so figures pooled over runs use the same rules."""
@@ -100,6 +136,8 @@ class GenerationStats:
                 mine.extend([0] * (len(theirs) - len(mine)))
                 for i, n in enumerate(theirs):
                     mine[i] += n
+            for choice, planned in s.planned.items():
+                total.planned.setdefault(choice, Planned()).add(planned)
         return total
 
     @property
@@ -164,6 +202,7 @@ class GenerationStats:
             "controller": self.controller,
             "draft_status": self.draft_status,
             "explored_rounds": self.explored_rounds,
+            "planned": {choice: planned.to_dict() for choice, planned in sorted(self.planned.items())},
             "controller_note": self.controller_note,
         }
 
