@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from localspec.conversation import fit_system_messages
+from localspec.engine.backend import common_prefix_length
 from localspec.gguf.templates import render_chat, shows_late_system
 from localspec.server.anthropic import parse_messages_request
 from localspec.server.openai import parse_chat_request
@@ -70,6 +71,21 @@ def test_claude_code_requests_translate_with_their_system_messages_and_tools(too
         assert offered == {t["name"] for t in body["tools"] if not t.get("defer_loading")}
         assert "ignored what only a hosted service uses: metadata, context_management, output_config" in caplog.text
         assert request.thinking is True and request.stream and tools_worker.count_tokens(request) > 1000
+
+
+def test_two_claude_code_conversations_share_their_system_prompt_and_tools(tools_worker, caplog):
+    """Claude Code's first system block is billing attribution hashed from each conversation: left out, so a
+    second conversation (a sub-agent, another client) finds the first one's system prompt and tools cached."""
+    session = [json.loads(line) for line in (SESSIONS / "claude-code-interleaved.jsonl").open()]
+    first, other = session[0], session[2]  # conversation A's first request, then B's
+    assert first["body"]["system"][0]["text"] != other["body"]["system"][0]["text"]
+    with caplog.at_level(logging.DEBUG, logger="localspec.server"):
+        prompts = [tools_worker.prompt_tokens(translate(line)) for line in (first, other)]
+    assert "left out the system block that only carries billing attribution" in caplog.text
+    text = tools_worker.decoder.target.detokenize(prompts[0])
+    assert "x-anthropic-billing-header" not in text and "You are a Claude agent" in text
+    shared = common_prefix_length(*prompts)
+    assert shared > 0.8 * min(map(len, prompts)), (shared, len(prompts[0]), len(prompts[1]))
 
 
 def test_codex_requests_offer_namespaced_functions_and_leave_hosted_tools_out(tools_worker, caplog):

@@ -11,6 +11,7 @@ message_stop). Errors use Anthropic's shape (``APIError.anthropic_body``).
 from __future__ import annotations
 
 import json
+import logging
 
 from localspec.server import request as fields
 from localspec.server.reasoning import ReasoningDelta
@@ -18,12 +19,18 @@ from localspec.server.request import APIError, GenerationRequest, invalid
 from localspec.server.results import cached_tokens, collect, new_id, timings, truncated
 from localspec.tool_calls import CallDelta
 
+log = logging.getLogger("localspec.server")
+
 _CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 # Fields that only steer Anthropic's hosted service (cache hints ride on blocks and are ignored there too).
 _HOSTED_FIELDS = ("metadata", "context_management", "output_config", "service_tier", "container",
                   "inference_geo", "mcp_servers")
 # Anthropic's server tools run on its side; the server cannot run them, so they are left out.
 _SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search", "mcp_toolset")
+# Claude Code's first system block is billing attribution for Anthropic's service, hashed from the request
+# (it differs between conversations, and in some releases between turns); at the front of the prompt it
+# would keep any two conversations from sharing their system prompt and tools in the prompt cache.
+_ATTRIBUTION = "x-anthropic-billing-header:"
 
 
 # -- requests --------------------------------------------------------------------------------------------
@@ -75,7 +82,11 @@ def _system(system: object) -> list[dict]:
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
     if isinstance(system, list):
-        return [{"role": "system", "content": "".join(_text(b, f"system[{i}]") for i, b in enumerate(system))}]
+        texts = [_text(b, f"system[{i}]") for i, b in enumerate(system)]
+        kept = [text for text in texts if not text.startswith(_ATTRIBUTION)]
+        if len(kept) < len(texts):
+            log.debug("messages: left out the system block that only carries billing attribution")
+        return [{"role": "system", "content": "".join(kept)}] if kept else []
     raise invalid("'system' must be a string or a list of text blocks")
 
 
