@@ -159,7 +159,10 @@ class Replay:
     """Recorded answers on compact token ids (one row of logits per id), replayed through real decoders."""
 
     def __init__(self, recorded: dict) -> None:
-        self.cost = interpolate({int(size): seconds for size, seconds in recorded["pass_s"].items()})
+        measured = {int(size): seconds for size, seconds in recorded["pass_s"].items()}
+        self.cost = interpolate(measured)
+        # What a live session on the recording machine finds in pass-costs.json after its first sessions.
+        self.remembered = {size: seconds / measured[1] for size, seconds in measured.items()}
         ids: dict[int, int] = {}
         compact = lambda tokens: [ids.setdefault(t, len(ids)) for t in tokens]  # noqa: E731
         self.answers = [
@@ -170,10 +173,11 @@ class Replay:
         localspec.engine.decoder.perf_counter = self.clock
 
     def decoder(self, method: str = "auto", history: HistoryStore | None = None) -> SpeculativeDecoder:
-        """One per session, as bench keeps its decoders across prompts, warmed up as bench warms them up
-        (its first measurements of one-token passes)."""
+        """One per session, as bench keeps its decoders across prompts, remembering the recorded pass costs
+        and warmed up as bench warms them up (its first measurements of one-token passes)."""
         decoder = SpeculativeDecoder(ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock), method=method,
                                      history=history)
+        decoder.controller.remember(self.remembered)
         answers = history or HistoryStore(None)  # the warm-up learns nothing, as in bench
         learning, answers.learning = answers.learning, False
         self.run(decoder, self.answers[0], DEFAULT_WARMUP_TOKENS)

@@ -67,7 +67,7 @@ def test_a_block_is_priced_as_one_pass_of_its_rows_not_a_step_per_token():
         steps_s = 0.030 * (1 + 0.25 * (rows - 1)) if cls.block else 0.030 * rows
         controller.record_draft(cls.source, 0, 0.0, rows, steps_s)
         assert controller.step_cost(cls.source) == pytest.approx(0.030)
-        controller.record_round(cls.source, 0, 6, 6)
+        controller.record_round(cls.source, 6, 6)
         plans[cls.source] = controller.plan([Offer(cls.source, 16)])
     block, chained = plans[Source.DFLASH], plans[Source.MTP]
     assert block.k > chained.k

@@ -3,13 +3,21 @@ expected tokens per second.
 
 Costs are measured (costs.py), acceptance is a running estimate per drafter (estimates.py): drafting k
 tokens yields ``expected_tokens`` for one target pass of k + 1 tokens plus, for a model drafter, k draft
-steps; the target alone yields one token for a pass of one. Where nothing beats the target alone, it
-does not speculate, except for a bounded exploration: a copy drafter whose estimate may be too low (its
-hopeful rate would pay) is tried with a short draft while what such probes lost in this answer (net of
-what they gained) stays under ``EXPLORE_SHARE`` of the time the target alone would have taken for its
-tokens so far, so a prior that is wrong on this CPU gets measured instead of written off. Replayed with
-a steep small-batch cost curve (scripts/replay_lookup.py, bench --quick's prompts, 96 tokens), json went
-from 1.09x to 1.17x and summarize from 1.15x to 1.24x, where --method lookup ran 1.15x and 1.23x.
+steps; the target alone yields one token for a pass of one.
+
+A copy drafter's offer is judged every round it is made, drafted from or not: the tokens the round
+emitted say how much of it the target would have accepted (greedy, exactly; sampling, in expectation,
+as a copied token is accepted with probability p(x), the chance the target emits x). So copy estimates
+follow the text at no cost, and an answer that copies badly stops drafting after its first few offers
+rather than after its first few failed drafts. Replayed on bench's prompts (scripts/replay_lookup.py,
+2-core AMD EPYC pass costs), auto went from 1.33x to 1.37x on code-rewrite and 0.98x to 1.00x on
+code-new at 96 tokens, from 1.38x to 1.43x on multi-turn at 256, and lost on no slice.
+
+Where nothing beats the target alone, it does not speculate, except for a bounded exploration: a copy
+drafter whose estimate may be too low (its hopeful rate would pay: few offers of that match length seen)
+is tried with a short draft while what such probes lost in this answer (net of what they gained) stays
+under ``EXPLORE_SHARE`` of the time the target alone would have taken for its tokens so far. A probe
+also measures the pass it needs, which the cost curve of a new machine has not yet seen.
 
 A model drafter's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
 it, so in ``auto`` it is used only when its saving per token over the answer's expected remaining length
@@ -22,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from localspec.engine.backend import common_prefix_length
 from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
 from localspec.engine.drafters import DRAFTERS
 from localspec.engine.drafting import COPY, FORCED, MODEL, TARGET_ALONE, Offer, Source
@@ -176,6 +185,7 @@ class Controller:
         self._explored = 0  # rounds that probed, over the session
         self._probe_pending = False  # the last plan was a probe: its round's outcome prices it
         self._probe_floor = 0.0  # the cheapest probe's expected loss when none was affordable
+        self._copy_offers: list[Offer] = []  # this round's copy offers, judged by what the round emits
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -202,8 +212,9 @@ class Controller:
         """A new answer starts: exploration is budgeted per answer, so no answer pays for another's."""
         self._answer_tokens, self._answer_loss, self._probe_floor = 0, 0.0, 0.0
 
-    def record_round(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
-        """A round's outcome: ``accepted`` of ``drafted`` tokens from ``source`` (TARGET_ALONE: none)."""
+    def record_round(self, source: str, drafted: int, accepted: int, emitted: Sequence[int] = ()) -> None:
+        """A round's outcome: ``accepted`` of ``drafted`` tokens from ``source`` (TARGET_ALONE: none), and
+        the tokens it ``emitted``, which judge every copy offer the round's plan saw."""
         self._answer_tokens += accepted + 1
         if self._probe_pending:
             self._probe_pending = False
@@ -215,14 +226,16 @@ class Controller:
             self._explore_loss += loss
         for estimates in self._copies.values():
             estimates.forget()
+        for offer in self._copy_offers:
+            judged = min(len(offer.tokens), len(emitted))
+            self._copies[offer.source].record(offer.match_len, judged, common_prefix_length(offer.tokens, emitted))
+        self._copy_offers = []
         model = self._models.get(source)
         if model is not None:
             model.acceptance.forget()
         if not drafted:
             return
-        if source in self._copies:
-            self._copies[source].record(match_len, drafted, accepted)
-        elif model is not None:
+        if model is not None:
             model.acceptance.record(drafted, accepted)
             if self.method == "auto" and model.off is None:
                 self._check_model(source, model)
@@ -406,11 +419,14 @@ class Controller:
         if self.speculation_off is not None:
             return _target_only(Idle.NO_ROLLBACK)
         offered: dict[str, Offer] = {}
+        self._copy_offers = []
         for offer in offers:
             if offer.available <= 0 or not self.allows(offer.source):
                 continue
             if self._kinds[offer.source] == FORCED:  # certain tokens, drafted for free
                 return Plan(offer.source, offer.available, offer.available + 1.0, 0.0, offer)
+            if offer.source not in offered and offer.source in self._copies:
+                self._copy_offers.append(offer)
             offered.setdefault(offer.source, offer)
         lookup = offered.get(Source.LOOKUP)
         if method == "hybrid" and lookup is not None:

@@ -249,7 +249,7 @@ class SpeculativeDecoder:
                           max_tokens)
         rollback_s += self._roll_back(context)
         # Record.
-        self._record(plan, drafter, draft, accepted, method)
+        self._record(plan, drafter, draft, accepted, method, step.tokens)
         stats = self.stats
         stats.draft_s += draft_s
         stats.verify_s += verify_s
@@ -288,7 +288,8 @@ class SpeculativeDecoder:
             self.controller.costs.record_restore(seconds, target.replayed_tokens - replayed)
         return seconds
 
-    def _record(self, plan: Plan, drafter: BaseDrafter | None, draft: Draft, accepted: int, method: str) -> None:
+    def _record(self, plan: Plan, drafter: BaseDrafter | None, draft: Draft, accepted: int, method: str,
+                emitted: Sequence[int]) -> None:
         """Tell the controller, the drafter and the stats how the round went."""
         drafted = len(draft.tokens)
         if drafter is not None and drafter.kind == MODEL:
@@ -297,8 +298,7 @@ class SpeculativeDecoder:
             )
         # Forced drafts say nothing about how well the other drafters guess.
         if drafter is None or drafter.kind != FORCED:
-            match_len = plan.offer.match_len if plan.offer is not None else 0
-            self.controller.record_round(method, match_len, drafted, accepted)
+            self.controller.record_round(method, drafted, accepted, emitted)
         if drafted:
             drafter.judged(plan.offer, draft, accepted)
         idle = None if drafted else plan.idle or (Idle.UNSURE if drafter is not None else None)
