@@ -13,6 +13,7 @@ from localspec.errors import UsageError
 # Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).
 CPU = {1: 0.060, 2: 0.093, 3: 0.100, 4: 0.105, 5: 0.125, 8: 0.191, 9: 0.195, 16: 0.235, 17: 0.240}
 GPU = {b: 0.020 + 0.0002 * b for b in range(1, 66)}
+SHARE = 0.15  # the output projection's share of a token's work (Qwen2.5-Coder-1.5B's shapes)
 
 
 def choose(controller, *, lookup_available=0, lookup_match_len=0, suffix_available=0, suffix_match_len=0,
@@ -65,7 +66,7 @@ def test_expected_tokens_is_the_geometric_sum():
 @pytest.mark.parametrize("method", ["auto", "lookup"])
 def test_plain_steps_come_first_so_every_choice_has_a_price(method):
     controller = Controller(method)
-    controller.costs.record_pass(300, 2.0)  # a large prefill alone does not price a one-token step
+    controller.costs.record_prefill(300, 2.0, SHARE)  # a large prefill alone does not price a one-token step
     for _ in range(TRUSTED_SAMPLES):
         assert choose(controller, lookup_available=10, lookup_match_len=8).method == "none"
         controller.costs.record_pass(1, 0.04)
@@ -78,7 +79,7 @@ def test_a_measured_large_pass_makes_long_copies_pay():
     controller = measured(small, method="lookup")
     teach(controller, "lookup", 32, 0.95, k=20)
     short = choose(controller, lookup_available=64, lookup_match_len=32)
-    controller.costs.record_pass(268, 2.1)
+    controller.costs.record_prefill(268, 2.1, SHARE)
     long = choose(controller, lookup_available=64, lookup_match_len=32)
     assert long.k > 2 * short.k and long.expected_rate > short.expected_rate
 
@@ -202,10 +203,26 @@ def test_a_copy_in_progress_is_its_own_bucket():
     assert choose(controller, lookup_available=64, lookup_match_len=12).method == "lookup"
 
 
+def test_a_prefill_hints_at_long_drafts_but_is_no_measurement():
+    """A 64-token prompt pass computed one row of logits, a 64-token verification computes 64: priced as
+    one, the rows' output projection is added back; it prices only sizes not measured above it, and is
+    never remembered as a verification of its size."""
+    controller = measured({1: 0.040, 2: 0.060, 4: 0.100}, method="auto")
+    controller.costs.record_prefill(64, 1.0, SHARE)
+    assert controller.costs.pass_cost(64) == pytest.approx(1.0 * 64 / (64 * (1 - SHARE) + SHARE))
+    assert 0.100 < controller.costs.pass_cost(32) < controller.costs.pass_cost(64)
+    assert 64 not in controller.costs.relative_costs()
+    for _ in range(TRUSTED_SAMPLES):
+        controller.costs.record_pass(64, 1.6)
+    assert controller.costs.pass_cost(64) == pytest.approx(1.6)
+    assert controller.costs.relative_costs()[64] == pytest.approx(40.0)
+
+
 def test_a_short_answer_does_not_start_with_probes_at_a_loss():
     """With only a one-token pass and a prefill measured, small batches are priced at the prior slope
     (not on the line to the cheap-per-token prefill), so a chance short match is not drafted."""
-    controller = measured({1: 0.037, 300: 2.0}, method="auto")
+    controller = measured({1: 0.037}, method="auto")
+    controller.costs.record_prefill(300, 2.0, SHARE)
     assert controller.costs.pass_cost(2) == pytest.approx(0.037 * (1 + PRIOR_BATCH_SLOPE))
     assert choose(controller, lookup_available=8, lookup_match_len=1).method == "none"
     assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"
@@ -278,6 +295,7 @@ def test_remembered_costs_let_the_first_long_copy_take_the_length_that_pays():
     assert guessed.k < 16 and known.k >= 31
     # What it measures goes back to memory; the one-token pass and a prefill-sized pass do not.
     remembering.costs.record_pass(300, 2.0)
+    remembering.costs.record_prefill(48, 0.3, SHARE)
     assert remembering.costs.relative_costs() == pytest.approx({b: s / curve[1] for b, s in curve.items() if b > 1})
 
 

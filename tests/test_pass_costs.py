@@ -24,12 +24,22 @@ def test_costs_round_trip_per_identity(tmp_path):
 @pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"model A": {"2": "fast", "x": 1.0, "4": -1, "8": Infinity}}'])
 def test_a_damaged_file_counts_as_empty_and_is_rewritten(tmp_path, content):
     path = tmp_path / "pass-costs.json"
-    path.write_text(content)
     memory = PassCostMemory(path, "model A")
+    path.write_text(content.replace('"model A"', json.dumps(memory.identity)))
     assert memory.load() == {}
     memory.save({8: 2.5})
     assert memory.load() == {8: 2.5}
     assert [p.name for p in tmp_path.iterdir()] == ["pass-costs.json"]  # no temporary file left
+
+
+def test_entries_of_an_earlier_version_are_not_read(tmp_path):
+    """Version 1 remembered large prompt passes as verifications of their size, a third too cheap."""
+    path = tmp_path / "pass-costs.json"
+    path.write_text(json.dumps({"model A": {"2": 1.3, "65": 25.5}}))
+    memory = PassCostMemory(path, "model A")
+    assert memory.load() == {}
+    memory.save({2: 1.35})
+    assert memory.load() == {2: 1.35}
 
 
 def test_an_unwritable_place_is_skipped_and_leaves_nothing_behind(tmp_path):
@@ -46,7 +56,8 @@ def test_only_the_latest_machines_and_models_are_kept(tmp_path):
     for i in range(MAX_ENTRIES + 3):
         PassCostMemory(path, f"model {i}").save({2: 1.0})
     kept = json.loads(path.read_text())
-    assert len(kept) == MAX_ENTRIES and "model 0" not in kept and f"model {MAX_ENTRIES + 2}" in kept
+    first, last = (PassCostMemory(path, f"model {i}").identity for i in (0, MAX_ENTRIES + 2))
+    assert len(kept) == MAX_ENTRIES and first not in kept and last in kept
 
 
 def test_a_session_remembers_its_pass_costs_for_the_next(tiny_target):

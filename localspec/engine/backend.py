@@ -29,7 +29,7 @@ from localspec.gguf.memory import MemoryKind
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
-# Evals of at least this many tokens are timed and kept as `large_eval`, a cost anchor for long drafts.
+# Prompt passes of at least this many tokens are timed and kept as `large_eval`, a cost hint for long drafts.
 LARGE_EVAL = 64
 
 
@@ -112,7 +112,7 @@ class LlamaModel:
         self.n_gpu_layers = model_params.n_gpu_layers
         self.n_vocab: int = self._model.n_vocab()
         self.tokens: list[int] = []
-        self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large eval
+        self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large prompt pass
         self._pieces: dict[int, bytes] = {}
         self._vocab = self._model.vocab
         self.bos_id: int = self._model.token_bos()
@@ -331,7 +331,7 @@ class LlamaModel:
                 self._removable = min(self.memory_plan.snapshots, len(chunk) - 1)
                 if progress is not None:
                     progress(start + len(chunk), n)
-        if n >= LARGE_EVAL:
+        if n >= LARGE_EVAL and prefill:
             self.large_eval = (n, time.perf_counter() - started)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)

@@ -29,6 +29,13 @@ COST_WINDOW = 7
 TRUSTED_SAMPLES = 3
 
 
+def output_share(n_vocab: int, n_embd: int, n_params: int) -> float:
+    """The output projection's share of one token's work, from the shapes: its weights against the
+    blocks' (embeddings and projection aside, tied or not)."""
+    output = n_vocab * n_embd
+    return output / (max(n_params - 2 * output, 0) + output)
+
+
 def _ema(old: float | None, sample: float) -> float:
     return sample if old is None else old + COST_EMA * (sample - old)
 
@@ -69,6 +76,9 @@ class Costs:
         # Pass costs relative to a one-token pass, as priced: they change only when a larger pass is
         # measured, and planning prices up to 64 sizes every round.
         self._priced: dict[int, float] = {}
+        # A large prefill, as a verification of its size would cost: where long drafts are not measured yet,
+        # what they may cost (a hint, never remembered as a measurement).
+        self._anchor: tuple[int, float] | None = None
         self.overhead = 0.0
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
@@ -86,6 +96,16 @@ class Costs:
         for batch, unscaled in self._unscaled:
             self._add_sample(batch, unscaled / self.one)
         self._unscaled.clear()
+
+    def record_prefill(self, batch_size: int, seconds: float, output_share: float) -> None:
+        """A prompt pass of ``batch_size`` tokens, kept as a hint of what long drafts cost. It computed one
+        row of logits where a verification computes one per token, and took the exact kernels' prefill
+        paths: priced as a verification, its rows' share of output projection is added back, and it stays
+        a hint: so priced, 16- and 64-token prefills on the 2-core AMD EPYC still came to 0.76x and 0.71x of
+        verifications of their size."""
+        rows = batch_size * (1.0 - output_share) + output_share
+        self._anchor = (batch_size, seconds * batch_size / rows)
+        self._priced.clear()
 
     def one_token_samples(self) -> int:
         return len(self._pass_samples.get(1, ()))
@@ -130,10 +150,10 @@ class Costs:
 
         From the measured size below, the cost grows at the slope measured up to it (the prior slope
         before there is one); that slope is trusted up to twice the size, and beyond, toward the next
-        measured size, the cost follows a straight line to it (a large pass, usually a prefill, is
-        cheaper per token: kernels switch, fixed costs spread). Erring high near measured sizes keeps
-        short drafts from probing at a loss; erring low far from them lets long drafts be tried, and a
-        size in use is measured after one round.
+        measured size (past the largest, the prefill hint of ``record_prefill``), the cost follows a
+        straight line to it (a large pass is cheaper per token: kernels switch, fixed costs spread).
+        Erring high near measured sizes keeps short drafts from probing at a loss; erring low far from
+        them lets long drafts be tried, and a size in use is measured after one round.
         """
         one = self.one
         if one is None:
@@ -160,6 +180,9 @@ class Costs:
         if i < len(sizes) and sizes[i] == batch_size:
             i += 1
         above = sizes[i] if i < len(sizes) else None
+        if above is None and self._anchor is not None and self._anchor[0] >= batch_size:
+            above = self._anchor[0]
+            relative = {**relative, above: self._anchor[1] / self.one}
         low = relative[below]
         # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
         slope = PRIOR_BATCH_SLOPE

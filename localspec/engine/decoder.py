@@ -20,7 +20,7 @@ import numpy as np
 from localspec.engine.acceptance import verify_greedy, verify_sampled
 from localspec.engine.backend import LlamaModel
 from localspec.engine.controller import HEAD_METHODS, Controller, Plan, method_uses
-from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO
+from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO, output_share
 from localspec.engine.draft_model import DraftModelProposer
 from localspec.engine.drafters import DrafterInputs, make_drafters
 from localspec.engine.drafting import FORCED, MODEL, NO_DRAFT, TARGET_ALONE, BaseDrafter, Draft, RoundState, Source
@@ -183,9 +183,11 @@ class SpeculativeDecoder:
         stats.prefill_tokens = len(prompt) - keep + target.replayed_tokens - replayed
         stats.prefill_s = perf_counter() - start
         if target.large_eval is not None:
-            # A measured pass larger than most drafts anchors what long drafts cost; on a CPU they can
-            # be far cheaper per token than short ones (llama.cpp switches kernels for larger batches).
-            self.controller.costs.record_pass(*target.large_eval)
+            # A large prompt pass hints at what long drafts cost; on a CPU they can be far cheaper per
+            # token than short ones (llama.cpp switches kernels for larger batches).
+            (size, seconds), target.large_eval = target.large_eval, None
+            share = output_share(target.n_vocab, target.n_embd_out, target.n_params)
+            self.controller.costs.record_prefill(size, seconds, share)
 
         context = list(prompt)
         self.constraint = constraint

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.engine.backend import LlamaModel, MtpHead
+from localspec.engine.costs import output_share
 from localspec.engine.drafting import Source
 from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, ChainedHeadDrafter
 
@@ -60,7 +61,5 @@ def unsupported_heads(layers: int) -> str | None:
 def head_cost_ratio(target: LlamaModel) -> float:
     """A head step's cost relative to a target step, from the shapes, until measured: one block of the
     trunk's and the output projection, which on a small model with a large vocabulary is most of a pass."""
-    output = target.n_vocab * target.n_embd_out
-    blocks = max(target.n_params - 2 * output, 0)  # embeddings and output projection aside (tied or not)
-    layers = max(target.n_layers, 1)
-    return (blocks / layers + output) / (blocks + output)
+    share = output_share(target.n_vocab, target.n_embd_out, target.n_params)
+    return share + (1.0 - share) / max(target.n_layers, 1)

@@ -20,6 +20,9 @@ from localspec.paths import temp_beside
 
 # Machines and models remembered, most recent last; older ones are dropped.
 MAX_ENTRIES = 32
+# Entries of earlier versions are not read: before version 2, a large prompt pass was remembered as if it
+# were a verification of its size, which it undercuts by a third on a CPU.
+VERSION = 2
 
 
 class PassCostMemory:
@@ -31,7 +34,7 @@ class PassCostMemory:
 
     def __init__(self, path: Path, identity: str) -> None:
         self.path = path
-        self.identity = identity
+        self.identity = f"{identity} | pass costs v{VERSION}"
 
     def _read(self) -> dict[str, dict[str, float]]:
         try:
