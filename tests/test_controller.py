@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from localspec.engine.acceptance import verify_sampled
 from localspec.engine.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
 from localspec.engine.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
 from localspec.engine.drafting import Offer, Source
 from localspec.engine.estimates import expected_tokens
+from localspec.engine.sampling import sample
 from localspec.errors import UsageError
 
 # Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).
@@ -409,3 +412,26 @@ def test_exploring_a_drafter_that_does_not_pay_costs_a_bounded_share():
     target_alone_s = rounds * CPU[1]  # about one token per round
     assert 0 < beliefs["exploration_loss_s"] <= EXPLORE_SHARE * target_alone_s + CPU[9]  # give or take one probe
     assert controller.acceptance("lookup", 2) == pytest.approx(0.45, abs=0.1)
+
+
+@pytest.mark.parametrize("costs, drafts", [(GPU, True), (CPU, False)])
+def test_under_sampling_a_copy_is_judged_at_its_acceptance_probability_drafted_or_not(costs, drafts):
+    """A copied token x is accepted with probability p(x) (the acceptance rule with a point-mass draft),
+    and the target alone emits x with that same probability: the estimate comes to p(x) either way."""
+    rng = np.random.default_rng(7)
+    p = np.array([0.3, 0.5, 0.2])  # the target's distribution at every position; the copy offers token 0
+    controller = measured(costs, method="auto")
+    estimates, drafted = [], 0
+    for _ in range(3000):
+        offer = Offer(Source.LOOKUP, 1, 2, [0])
+        plan = controller.plan([offer])
+        if plan.k:
+            accepted, token = verify_sampled([0], None, [p, p], rng)
+            emitted = [0] * accepted + [token]
+        else:
+            accepted, emitted = 0, [sample(p, rng)]
+        drafted += plan.k
+        controller.record_round(plan.method, plan.k, accepted, emitted)
+        estimates.append(controller.acceptance("lookup", 2))
+    assert (drafted > 2500) == drafts  # a GPU drafts nearly every round, a CPU nearly never
+    assert np.mean(estimates[500:]) == pytest.approx(0.3, abs=0.02)
