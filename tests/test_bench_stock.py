@@ -208,7 +208,8 @@ def fake_tools(directory: Path, script: str) -> Path:
         ),
         (
             "echo 'loading model' >&2\n",
-            "printed no line like 'number of tokens in prompt = (\\\\d+)' in 3 runs: either it is not a build from "
+            f"printed no line like 'number of tokens in prompt = (\\\\d+)' in {stock.TRUNCATED_ATTEMPTS} runs: "
+            "either it is not a build from "
             "scripts/build-llama-cpp-stock, or it lost the end of its log",
         ),
     ],
