@@ -425,9 +425,8 @@ class Controller:
                 continue
             if self._kinds[offer.source] == FORCED:  # certain tokens, drafted for free
                 return Plan(offer.source, offer.available, offer.available + 1.0, 0.0, offer)
-            if offer.source not in offered and offer.source in self._copies:
-                self._copy_offers.append(offer)
             offered.setdefault(offer.source, offer)
+        self._copy_offers = [offer for source, offer in offered.items() if source in self._copies]
         lookup = offered.get(Source.LOOKUP)
         if method == "hybrid" and lookup is not None:
             offered.pop(Source.DRAFT, None)  # hybrid drafts with the model only where lookup has nothing
