@@ -146,6 +146,22 @@ def test_one_slow_pass_does_not_write_off_a_batch_size():
     assert controller.costs.pass_cost(17) < 0.3
 
 
+def test_one_slow_round_does_not_make_drafting_look_cheap():
+    """A round's own work is the median of the last few. One round that met a full garbage collection (46 ms
+    on SmolLM2-135M, AMD EPYC) must not price the next rounds as dear: a dear round favours drafting, whose
+    tokens share it."""
+    controller = measured(CPU, method="auto")
+    for i in range(60):  # one-token copies of 2-token matches, right 4 times in 10: just short of paying
+        offer = copy_offer("lookup", 1, 2)
+        controller.plan([offer])
+        controller.record_round("none", 0, 0, offer.tokens if i % 10 < 4 else [NOT_OFFERED])
+    for _ in range(COST_WINDOW):
+        controller.costs.record_overhead(0.0003)
+    assert choose(controller, lookup_available=1, lookup_match_len=2).method == "none"
+    controller.costs.record_overhead(0.046)
+    assert choose(controller, lookup_available=1, lookup_match_len=2).method == "none"
+
+
 def test_written_off_option_is_retried_after_a_while():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.0, rounds=10)

@@ -79,6 +79,7 @@ class Costs:
         # A large prefill, as a verification of its size would cost: where long drafts are not measured yet,
         # what they may cost (a hint, never remembered as a measurement).
         self._anchor: tuple[int, float] | None = None
+        self._overhead_samples: deque[float] = deque(maxlen=COST_WINDOW)
         self.overhead = 0.0
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
@@ -209,7 +210,11 @@ class Costs:
         self.restore_s = _ema(self.restore_s, max(0.0, seconds - replay))
 
     def record_overhead(self, seconds: float) -> None:
-        self.overhead += COST_EMA * (seconds - self.overhead)
+        # A median, as for passes: one round that met a garbage collection (a full one took 46 ms, three
+        # passes of SmolLM2-135M on the 2-core AMD EPYC) must not price every round after it as dear, which
+        # made drafting look cheap per token for the next ten rounds.
+        self._overhead_samples.append(seconds)
+        self.overhead = statistics.median(self._overhead_samples)
 
     # -- model drafters --------------------------------------------------------------------------
     def step_cost(self, model: ModelDrafterCosts) -> float | None:

@@ -10,6 +10,7 @@ can reuse both.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -191,6 +192,11 @@ class SpeculativeDecoder:
 
         context = list(prompt)
         self.constraint = constraint
+        # What is alive when the rounds start (the vocabulary, indexes, earlier answers) stays out of the
+        # garbage collector's scans until the answer ends: a full collection over it took 46 ms mid-answer,
+        # three one-token passes of SmolLM2-135M on the 2-core AMD EPYC (far more on a GPU). Given back
+        # after each answer, so the process's garbage cycles are still collected between answers.
+        gc.freeze()
         try:
             if constraint is not None:
                 constraint.restrict(logits[None, :])
@@ -204,6 +210,7 @@ class SpeculativeDecoder:
                 if step is not None:
                     yield step
         finally:
+            gc.unfreeze()
             target.rollback(min(target.n_past, len(context) - 1))
             stats.replayed_tokens = target.replayed_tokens - replayed
             for drafter in self.drafters:
