@@ -10,7 +10,7 @@ model, no answer history), for `--method lookup`, and for stock llama.cpp's ngra
 drafts the 48 tokens that followed it) replayed the same way. Replayed figures leave out Python overhead
 and machine noise: they rank changes, `localspec bench` measures them.
 
-    .venv/bin/python scripts/replay_lookup.py --record /tmp/replay/answers.json   # about 5 minutes alone
+    .venv/bin/python scripts/replay_lookup.py --record /tmp/replay/answers.json [--target FILE]  # 5 min alone
     .venv/bin/python scripts/replay_lookup.py /tmp/replay/answers.json [--max-tokens 96]
 
 ``record`` also serves scripts/replay_suffix.py, for the agent-repeat slice.
@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from bench_engine import pass_costs
@@ -50,12 +51,14 @@ def record(
     threads: int | None = None,
     per_slice: int | None = None,
     costs_file: str | None = None,
+    target: Path | None = None,
 ) -> None:
     """Greedy answers of target alone to the shipped prompts (of ``workloads``; None: the default slices;
     ``per_slice`` of each), and the target's pass costs (measured, or read from ``costs_file``: a JSON
-    object of seconds by batch size, for a machine too busy to measure them)."""
-    decoder = open_decoder(resolve_pair(profile=DEFAULT_PROFILE), ModelOptions(threads=threads), method="none",
-                           history=False)
+    object of seconds by batch size, for a machine too busy to measure them). The default profile's target
+    unless ``target`` names a GGUF file."""
+    pair = resolve_pair(target=target) if target else resolve_pair(profile=DEFAULT_PROFILE)
+    decoder = open_decoder(pair, ModelOptions(threads=threads), method="none", history=False)
     if costs_file:
         with open(costs_file) as handle:
             costs = {int(size): float(seconds) for size, seconds in json.load(handle).items()}
@@ -244,10 +247,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="recording: target threads (default: the machine's)")
     parser.add_argument("--per-slice", type=int, help="recording: prompts per slice (default: all)")
     parser.add_argument("--pass-costs", metavar="FILE", help="recording: pass seconds by batch size, not measured")
+    parser.add_argument("--target", type=Path, help="recording: this GGUF file (default: the default profile's)")
     args = parser.parse_args()
     if args.record:
         record(args.record, max_tokens=args.max_tokens, threads=args.threads, per_slice=args.per_slice,
-               costs_file=args.pass_costs)
+               costs_file=args.pass_costs, target=args.target)
     elif args.answers:
         report(args.answers, args.max_tokens)
     else:
