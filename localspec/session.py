@@ -187,13 +187,21 @@ def open_decoder(
         history=answers,
         head=head,
     )
-    pass_costs = PassCostMemory(paths.pass_costs_file(), target.cost_identity())
-    decoder.controller.remember(pass_costs.load())
+    decoder.controller.remember(_pass_cost_memory(target).load())
 
     def save_what_was_learnt() -> None:
-        pass_costs.save(decoder.controller.costs.relative_costs())
+        remember_pass_costs(decoder)
         if answers is not None:
             answers.save()
 
     decoder.on_answer = save_what_was_learnt
     return decoder
+
+
+def _pass_cost_memory(target: LlamaModel) -> PassCostMemory:
+    return PassCostMemory(paths.pass_costs_file(), target.cost_identity())
+
+
+def remember_pass_costs(decoder: SpeculativeDecoder) -> None:
+    """Keep what ``decoder`` measured of its target's passes for the next sessions on this machine."""
+    _pass_cost_memory(decoder.target).save(decoder.controller.costs.relative_costs())

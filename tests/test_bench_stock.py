@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from localspec import paths
 from localspec.bench import stock
 from localspec.bench.stock import EngineRun, Round, StockOutputError, StockResult
 from localspec.bench.workloads import BenchPrompt
@@ -264,6 +265,9 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     drafting = [r for r in rows if r["engine"] in ("stock draft-simple", "localspec draft k=auto")]
     assert all(r["drafted"] > 0 for r in drafting)
     assert "vs stock llama.cpp" in result.output
+    # What localspec's decoders measured of the passes is kept for the sessions after it.
+    (remembered,) = json.loads(paths.pass_costs_file().read_text()).values()
+    assert remembered and all(int(size) > 1 and cost > 0 for size, cost in remembered.items())
 
 
 def test_the_overall_rows_are_the_all_rows_or_the_only_workloads():

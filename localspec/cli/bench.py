@@ -34,6 +34,7 @@ from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import err, out
 from localspec.engine.controller import HEAD_METHODS, METHODS, check_method
 from localspec.errors import UsageError
+from localspec.session import remember_pass_costs
 
 # mtp joins the defaults where the target has an MTP head (see bench_command).
 DEFAULT_METHODS = ",".join(m for m in METHODS if m not in HEAD_METHODS)
@@ -139,7 +140,10 @@ def bench_command(
         sampling=sampling,
     )
     with _progress() as progress:
-        result = BenchRunner(decoder, settings, progress=progress).run(chosen)
+        runner = BenchRunner(decoder, settings, progress=progress)
+        result = runner.run(chosen)
+    for measured in runner.decoders.values():  # as a session would, for the sessions after it
+        remember_pass_costs(measured)
 
     rows = report.build_rows(result)
     recommendations = report.recommend(rows)

@@ -21,6 +21,7 @@ from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.engine.controller import check_method
 from localspec.errors import UsageError
+from localspec.session import remember_pass_costs
 
 
 def compare_with_llama_cpp(
@@ -56,6 +57,8 @@ def compare_with_llama_cpp(
             decoder, tools, target=pair.target, draft=pair.draft, settings=settings, progress=update
         )
         result = comparison.run(prompts)
+    for measured in comparison.runner.decoders.values():  # as a session would, for the sessions after it
+        remember_pass_costs(measured)
     rows = stock.build_rows(result)
     target = decoder.target
     title = (
