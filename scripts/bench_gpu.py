@@ -38,16 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# On the lent H200's image, numpy imported before llama.cpp's CUDA libraries are loaded makes the first
-# model load segfault (numpy 2.5.2 with scipy-openblas, CUDA 13; the cause is not established), so
-# llama.cpp is loaded first, here and in the bench process below. `models` runs while it is still building.
-try:
-    import llama_cpp  # noqa: F401
-except ImportError:
-    pass
-# `python -m localspec`, with llama.cpp loaded first (see above).
-LOCALSPEC = ("-c", "import llama_cpp, runpy, sys; sys.argv[0] = 'localspec'; runpy.run_module('localspec', "
-             "run_name='__main__', alter_sys=True)")
+# On the lent H200's image a first model load after a numpy import segfaulted; importing localspec first
+# loads what must come before numpy (engine/library.py's load_native_libraries_first), here and in the bench
+# process below. `models` runs while llama.cpp is still building, which that import allows.
+import localspec  # noqa: E402, F401
+
+LOCALSPEC = ("-m", "localspec")
 
 from scripts.bench_moe import SHAPES as MOE_SHAPES  # noqa: E402
 from scripts.make_hybrid_model import vocabulary  # noqa: E402

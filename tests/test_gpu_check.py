@@ -56,8 +56,18 @@ def test_report_measures_every_part_on_quick_models(tmp_path, stock_bin):  # noq
 
 
 def test_importing_localspec_loads_a_cpu_build_only_when_a_model_needs_it():
-    # A GPU build is loaded on import, before numpy (engine/library.py's load_gpu_build_first); a CPU build
-    # is not, so commands that load no model start as fast as before.
+    # A GPU build is loaded on import, before numpy (engine/library.py's load_native_libraries_first); a CPU
+    # build is not, so commands that load no model start as fast as before.
     done = subprocess.run([sys.executable, "-c", "import localspec, sys; print('llama_cpp' in sys.modules)"],
                           capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the GNU C++ runtime is Linux's")
+def test_importing_localspec_puts_the_cxx_runtime_in_the_global_namespace_before_numpy():
+    # On the lent machines' image a CPU build's first model load segfaulted once numpy was imported, and ran
+    # with the C++ runtime loaded globally first (tried there both ways). The global namespace is what
+    # dlsym(RTLD_DEFAULT) searches: a symbol of libstdc++ must be found there, with numpy not yet imported.
+    code = "import ctypes, localspec, sys; print('numpy' in sys.modules, hasattr(ctypes.CDLL(None), '_ZNSt6localeC1Ev'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.split() == ["False", "True"]

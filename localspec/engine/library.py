@@ -37,13 +37,19 @@ def load_llama_cpp():
     return llama_cpp
 
 
-def load_gpu_build_first() -> None:
-    """Load a GPU build of llama.cpp now, before anything imports numpy.
+def load_native_libraries_first() -> None:
+    """Before anything imports numpy: the C++ runtime into the global namespace, and a GPU build of llama.cpp.
 
     On a lent H200's Python (torch's image: numpy 2.5.2 with scipy-openblas, CUDA 13) a process that had
-    imported numpy before llama-cpp-python segfaulted at its first model load, and one that loaded
-    llama-cpp-python first ran (the cause is not established). A CPU build is left to load when a model is.
+    imported numpy before its first model load segfaulted there, in the tokenizer's set-up (the cause is
+    not established). A CUDA build ran once llama-cpp-python was imported first; a CPU build still crashed
+    then, and ran with the C++ runtime preloaded (LD_PRELOAD), which loading it globally here stands for.
     """
+    if sys.platform.startswith("linux") and "numpy" not in sys.modules:
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:  # no GNU C++ runtime here: llama.cpp's libraries bring what they link
+            pass
     directory = _installed_lib_dir()
     if directory is not None and "numpy" not in sys.modules and any(directory.glob("libggml-cuda*")):
         try:
