@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -190,7 +190,7 @@ def open_decoder(
     decoder.controller.remember(_pass_cost_memory(target).load())
 
     def save_what_was_learnt() -> None:
-        remember_pass_costs(decoder)
+        remember_pass_costs([decoder])
         if answers is not None:
             answers.save()
 
@@ -202,6 +202,8 @@ def _pass_cost_memory(target: LlamaModel) -> PassCostMemory:
     return PassCostMemory(paths.pass_costs_file(), target.cost_identity())
 
 
-def remember_pass_costs(decoder: SpeculativeDecoder) -> None:
-    """Keep what ``decoder`` measured of its target's passes for the next sessions on this machine."""
-    _pass_cost_memory(decoder.target).save(decoder.controller.costs.relative_costs())
+def remember_pass_costs(decoders: Iterable[SpeculativeDecoder]) -> None:
+    """Keep what ``decoders`` (a session's, or each of a bench's) measured of their target's passes for the
+    next sessions on this machine."""
+    for decoder in decoders:
+        _pass_cost_memory(decoder.target).save(decoder.controller.costs.relative_costs())

@@ -142,8 +142,7 @@ def bench_command(
     with _progress() as progress:
         runner = BenchRunner(decoder, settings, progress=progress)
         result = runner.run(chosen)
-    for measured in runner.decoders.values():  # as a session would, for the sessions after it
-        remember_pass_costs(measured)
+    remember_pass_costs(runner.decoders.values())  # as a session does, for the sessions after it
 
     rows = report.build_rows(result)
     recommendations = report.recommend(rows)

@@ -57,8 +57,7 @@ def compare_with_llama_cpp(
             decoder, tools, target=pair.target, draft=pair.draft, settings=settings, progress=update
         )
         result = comparison.run(prompts)
-    for measured in comparison.runner.decoders.values():  # as a session would, for the sessions after it
-        remember_pass_costs(measured)
+    remember_pass_costs(comparison.runner.decoders.values())  # as a session does, for the sessions after it
     rows = stock.build_rows(result)
     target = decoder.target
     title = (
