@@ -24,6 +24,7 @@ from localspec.bench.runner import (
     PromptRecord,
     compare_tokens,
     expected_speedup,
+    measuring_order,
 )
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import BenchPrompt
@@ -234,6 +235,18 @@ def test_configurations_measured_in_lockstep_time_only_their_own_rounds(tiny_tar
         assert stats.decode_s == pytest.approx(stats.draft_s + stats.verify_s + stats.overhead_s + stats.rollback_s)
     # Interleaved, a generation's time is its own rounds, never another's: the times add up to at most the wall time.
     assert sum(m.stats.decode_s + m.stats.prefill_s for m in together.values()) <= wall
+
+
+def test_every_configuration_goes_first_in_turn_across_prompts_even_with_one_run():
+    engines = ["stock", "none", "lookup", "auto"]
+    # One run per prompt, seven prompts: the rounds are the prompts, and the first measured changes with each.
+    orders = [measuring_order(engines, round_index) for round_index in range(7)]
+    assert [order[0] for order in orders] == ["stock", "none", "lookup", "auto", "stock", "none", "lookup"]
+    # Each round measures every engine once, in the same cyclic order (so each follows the same one).
+    for order in orders:
+        assert sorted(order) == sorted(engines)
+        start = engines.index(order[0])
+        assert order == engines[start:] + engines[:start]
 
 
 def test_compare_tokens_names_the_first_difference():

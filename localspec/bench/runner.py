@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from localspec.bench.workloads import BenchPrompt
 from localspec.conversation import TEMPLATE_KEY, Conversation
@@ -42,6 +43,8 @@ from localspec.engine.estimates import expected_tokens
 from localspec.engine.history import HistoryStore
 from localspec.engine.sampling import SamplingParams
 from localspec.engine.stats import GenerationStats, judged
+
+T = TypeVar("T")
 
 DEFAULT_RUNS = 3
 DEFAULT_MAX_TOKENS = 192
@@ -218,6 +221,7 @@ class BenchRunner:
         records: dict[tuple, PromptRecord] = {}
         shown = []
         total, done = len(passes) * len(prepared) * self.settings.runs * len(configs), 0
+        rounds = 0
         for name in passes:
             for item in prepared:
                 prompt = in_pass(item.prompt, name)
@@ -225,7 +229,8 @@ class BenchRunner:
                 for run in range(self.settings.runs):
                     self.progress(f"{prompt.workload}/{prompt.id}: run {run + 1}", done, total)
                     self.learn(name, run)
-                    by_config = self.measure_together(item, _rotated(configs, run))
+                    by_config = self.measure_together(item, measuring_order(configs, rounds))
+                    rounds += 1
                     done += len(configs)
                     self._relate(prompt, by_config, records)
         self.learn(None, 0)
@@ -335,7 +340,9 @@ def in_pass(prompt: BenchPrompt, name: str | None) -> BenchPrompt:
     return prompt if name is None else replace(prompt, workload=f"{prompt.workload} ({name})")
 
 
-def _rotated(configs: Sequence[Config], run: int) -> list[Config]:
-    """The measuring order for one run: shifted each run, so no configuration always goes first."""
-    shift = run % len(configs)
-    return [*configs[shift:], *configs[:shift]]
+def measuring_order(items: Sequence[T], round_index: int) -> list[T]:
+    """The order the ``round_index``-th round of a bench measures its configurations or engines in: shifted
+    every round, across prompts as well as runs, so that none always goes first or last (with one run per
+    prompt, a shift per run alone would measure the same one first on every prompt)."""
+    shift = round_index % len(items)
+    return [*items[shift:], *items[:shift]]

@@ -9,7 +9,8 @@ the same prompt string: the chat-templated text. The stock tools tokenize it wit
 as localspec does, so its chat markers become the same special tokens; this is checked per prompt
 against the token ids ``llama-completion --verbose-prompt`` prints. Every engine starts from an empty KV
 cache, as a fresh stock process does (so a multi-turn prompt is prefilled whole). Configurations run
-interleaved: for each prompt and run, every engine generates once, in an order rotated per run.
+interleaved: for each prompt and run, every engine generates once, in an order rotated every round (across
+prompts too, so that with one run no engine is always measured first).
 
 How each engine's figures are read:
 
@@ -69,6 +70,7 @@ from localspec.bench.runner import (
     PreparedPrompt,
     ProgressCallback,
     in_pass,
+    measuring_order,
 )
 from localspec.bench.workloads import BenchPrompt
 from localspec.engine.backend import LlamaModel
@@ -352,9 +354,8 @@ class StockComparison:
                 prompt = in_pass(item.prompt, name)
                 for run in range(self.settings.runs):
                     current = Round(prompt)
-                    shift = run % len(self.engines)
                     self.runner.learn(name, run)
-                    for engine in self.engines[shift:] + self.engines[:shift]:
+                    for engine in measuring_order(self.engines, len(rounds)):
                         self.progress(f"{prompt.workload}/{prompt.id}: {engine.label}", done, total)
                         current.runs[engine.label] = self._measure(item, engine)
                         done += 1
