@@ -3,6 +3,7 @@ PIPE_WIDTH, tables shrink and wrap their prose, and nothing is cut off."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -79,3 +80,20 @@ def test_bench_tables_and_notes(tiny_target, tmp_path):
                  "--runs", 1, "--max-tokens", 8, "--ctx", 512)
     assert_fits(text)
     assert "recommended for echo" in text and "overall:" in text
+
+
+def test_bench_table_fits_a_pipe_with_a_tiny_models_six_figure_rates():
+    # CI's fast CPU ran the tiny model's `none` at over 100000 tok/s: one more digit pushed a line past PIPE_WIDTH.
+    from rich.console import Console
+
+    from localspec.cli.bench import _table
+
+    row = {"prompts": 1, "runs": 1, "baseline_tok_per_s": 123456.7, "tok_per_s": 123456.7, "speedup": 1.0,
+           "expected_speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_length": 1.0, "per_position_acceptance": [],
+           "target_passes": 8, "ttft_s": 0.0, "identical": True, "method": "none", "draft_len": None, "history": False}
+    rows = [row, row | {"method": "lookup", "draft_len": "auto", "per_position_acceptance": [1.0, 0.5, 0.33, 0.25]},
+            row | {"method": "auto", "draft_len": "auto", "history": True}]
+    screen = Console(file=io.StringIO(), width=PIPE_WIDTH, soft_wrap=True)  # as `out`: nothing cropped
+    screen.print(_table("echo", rows))
+    assert_fits(screen.file.getvalue())
+    assert "123456.7" in screen.file.getvalue() and "0.33 0.25" in screen.file.getvalue()

@@ -31,7 +31,7 @@ from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
-from localspec.cli.console import err, out
+from localspec.cli.console import add_columns, err, out
 from localspec.engine.controller import HEAD_METHODS, METHODS, check_method
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
@@ -205,21 +205,12 @@ def _table(workload: str, rows: list[dict]) -> Table:
         title=f"{workload}: {shape}, target alone {first['baseline_tok_per_s']:.1f} tok/s",
         box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False, pad_edge=False, title_justify="left",
     )
-    for name in (
-        "method",
-        "tok/s",
-        "speedup",
-        "expected",
-        "accepted",
-        "tok/pass",
-        "per position",
-        "passes",
-        "TTFT s",
-        "output",
-    ):
-        wraps = name in ("method", "per position")
-        justify = "left" if name in ("method", "per position", "output") else "right"
-        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=len(name))
+    add_columns(
+        table,
+        ("method", "tok/s", "speedup", "expected", "accepted", "tok/pass", "per position", "passes", "TTFT s", "output"),
+        wrapping=("method", "per position"),
+        left=("method", "per position", "output"),
+    )
     for row in rows:
         positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:4])
         table.add_row(

@@ -18,7 +18,7 @@ from localspec.bench import stock
 from localspec.bench.runner import Config, ProgressCallback
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli import options as o
-from localspec.cli.console import err, out
+from localspec.cli.console import add_columns, err, out
 from localspec.engine.controller import check_method
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
@@ -107,10 +107,12 @@ def _table(title: str, rows: list[dict]) -> Table:
             f"{PAST_BUDGET} decoded past the token budget (a draft the stock tool did not cut at -n): its rate "
             "and acceptance count those tokens, the likeliest of a copy"
         )
-    for name in ("workload", "engine", "decode tok/s", "prefill tok/s", "decode", "prefill", "accepted", "output"):
-        wraps = name in ("workload", "engine", "accepted")
-        justify = "left" if name in ("workload", "engine", "output") else "right"
-        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=len(name))
+    add_columns(
+        table,
+        ("workload", "engine", "decode tok/s", "prefill tok/s", "decode", "prefill", "accepted", "output"),
+        wrapping=("workload", "engine", "accepted"),
+        left=("workload", "engine", "output"),
+    )
     previous = None
     for row in rows:
         if previous is not None and row["workload"] != previous:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 from rich.console import Console, ConsoleDimensions
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
 
 from localspec import store
 
@@ -41,6 +42,16 @@ class _Console(Console):
 
 out = _Console(highlight=False, soft_wrap=True)
 err = _Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def add_columns(table: Table, names: tuple[str, ...], *, wrapping: tuple[str, ...], left: tuple[str, ...]) -> None:
+    """Columns for a table of figures: figures never wrap, the ``wrapping`` columns (labels, prose) do, headers
+    included, so the table fits PIPE_WIDTH even where a tiny model's figures run to six digits."""
+    for name in names:
+        wraps = name in wrapping
+        narrowest = max(map(len, name.split())) if wraps else len(name)
+        justify = "left" if name in left else "right"
+        table.add_column(name, justify=justify, no_wrap=not wraps, overflow="fold", min_width=narrowest)
 
 
 class _StatusLines(logging.Handler):
