@@ -206,4 +206,4 @@ def remember_pass_costs(decoders: Iterable[SpeculativeDecoder]) -> None:
     """Keep what ``decoders`` (a session's, or each of a bench's) measured of their target's passes for the
     next sessions on this machine."""
     for decoder in decoders:
-        _pass_cost_memory(decoder.target).save(decoder.controller.costs.relative_costs())
+        _pass_cost_memory(decoder.target).save(decoder.controller.costs.measured_costs())

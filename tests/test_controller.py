@@ -329,6 +329,21 @@ def test_a_stale_remembered_cost_is_outvoted_by_this_sessions_passes():
     assert controller.costs.pass_cost(1) == pytest.approx(0.05)
 
 
+def test_a_remembered_cost_yields_to_this_sessions_second_pass_and_is_written_back_only_once_measured():
+    # The 2-core Intel Xeon's remembered 2-token pass said 1.30x of a one-token pass; it took 1.03x.
+    controller = measured({1: 0.05}, method="auto")
+    controller.remember({2: 1.30, 8: 3.0})
+    assert controller.costs.pass_cost(2) == pytest.approx(0.065)  # trusted before any pass of its size
+    for _ in range(2):
+        controller.costs.record_pass(2, 0.0515)
+    assert controller.costs.pass_cost(2) == pytest.approx(0.0515)
+    assert controller.costs.measured_costs() == {}  # two passes are not yet a measurement to keep
+    controller.costs.record_pass(2, 0.0515)
+    # This session's own passes alone, and not the size it only remembered.
+    assert controller.costs.measured_costs() == pytest.approx({2: 1.03})
+    assert controller.costs.relative_costs() == pytest.approx({2: 1.03, 8: 3.0})
+
+
 def test_remembered_costs_need_no_one_token_pass_to_report():
     """A fixed draft length never times a one-token pass, so remembered sizes have no absolute price."""
     controller = Controller("lookup", draft_len=2)

@@ -9,7 +9,7 @@ import pytest
 from localspec import paths
 from localspec.engine.backend import LlamaModel
 from localspec.engine.pass_costs import MAX_ENTRIES, PassCostMemory
-from localspec.session import ModelOptions, Pair, open_decoder
+from localspec.session import ModelOptions, Pair, open_decoder, remember_pass_costs
 
 
 def test_costs_round_trip_per_identity(tmp_path):
@@ -77,3 +77,23 @@ def test_a_session_remembers_its_pass_costs_for_the_next(tiny_target):
     # Another thread count prices passes differently: it starts from nothing.
     other = LlamaModel(tiny_target, n_ctx=256, n_threads=2)
     assert PassCostMemory(paths.pass_costs_file(), other.cost_identity()).load() == {}
+
+
+def test_a_decoder_that_measured_nothing_does_not_write_back_a_stale_cost(tiny_target):
+    """A bench saves each of its decoders' costs in turn: `none`, which passes only one token at a time,
+    used to write the remembered 5-token cost back over what `lookup` had just measured of it."""
+    pair, options = Pair(tiny_target, None, "tiny"), ModelOptions(n_ctx=256, threads=1)
+    probe = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    memory = PassCostMemory(paths.pass_costs_file(), probe.cost_identity())
+    memory.save({5: 99.0})  # stale: no 5-token pass costs 99 one-token passes
+    drafting = open_decoder(pair, options, method="lookup", draft_len=4, history=False)
+    idle = drafting.sibling(method="none", draft_len=None, history=None)
+    prompt = drafting.target.tokenize("the cat sat on the mat. the cat sat on the mat. the cat", add_bos=True)
+    for decoder in (drafting, idle):
+        for _ in range(3):
+            decoder.target.reset()
+            list(decoder.generate(prompt, max_tokens=40))
+    measured = drafting.controller.costs.relative_costs()[5]
+    assert measured < 10
+    remember_pass_costs([drafting, idle])
+    assert memory.load()[5] == pytest.approx(measured, abs=1e-4)

@@ -69,6 +69,8 @@ class Costs:
 
     def __init__(self) -> None:
         self._pass_samples: dict[int, deque[float]] = {}
+        self._remembered: set[int] = set()  # sizes seeded from earlier sessions (one sample each)
+        self._own: dict[int, int] = {}  # passes of each size this session measured itself
         self.one: float | None = None  # a one-token pass in seconds
         self._relative: dict[int, float] = {}  # larger passes relative to a one-token pass
         self._sizes: list[int] = []  # the measured batch sizes, sorted
@@ -86,6 +88,7 @@ class Costs:
 
     # -- target passes ---------------------------------------------------------------------------
     def record_pass(self, batch_size: int, seconds: float) -> None:
+        self._own[batch_size] = self._own.get(batch_size, 0) + 1
         if batch_size != 1:
             if self.one is None:
                 self._unscaled.append((batch_size, seconds))
@@ -124,20 +127,37 @@ class Costs:
     def remember(self, relative: Mapping[int, float]) -> None:
         """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
 
-        Each counts as a trusted measurement until passes of its size in this session outvote it.
+        Each is trusted at once but counts as one sample, so this session's passes of its size outvote it
+        from the second: a stale cost (one taken while another process slowed the machine) priced 2-token
+        passes at 1.30x of one on the 2-core Intel Xeon where they took 1.03x, and auto, declining the
+        one-token drafts it priced as a loss, would have needed four passes of that size to learn otherwise.
         """
         for batch_size, value in relative.items():
             if 1 < batch_size <= MAX_VERIFY_BATCH and batch_size not in self._relative:
-                for _ in range(TRUSTED_SAMPLES):
-                    self._add_sample(batch_size, value)
+                self._remembered.add(batch_size)
+                self._add_sample(batch_size, value)
+
+    def _trusted(self, batch_size: int) -> bool:
+        return batch_size in self._remembered or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
 
     def relative_costs(self) -> dict[int, float]:
-        """Trusted verification pass costs relative to a one-token pass, for ``remember`` next session."""
+        """Trusted verification pass costs relative to a one-token pass, remembered ones included: what
+        another decoder on the same target starts from."""
         return {
             batch_size: value
             for batch_size, value in self._relative.items()
-            if 1 < batch_size <= MAX_VERIFY_BATCH and len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
+            if 1 < batch_size <= MAX_VERIFY_BATCH and self._trusted(batch_size)
         }
+
+    def measured_costs(self) -> dict[int, float]:
+        """The verification pass costs this session measured itself, each from enough of its own passes,
+        for the next sessions: a remembered cost it never re-measured is not written back as if it had."""
+        costs = {}
+        for batch_size, value in self.relative_costs().items():
+            own = min(self._own.get(batch_size, 0), len(self._pass_samples[batch_size]))
+            if own >= TRUSTED_SAMPLES:
+                costs[batch_size] = statistics.median(list(self._pass_samples[batch_size])[-own:])
+        return costs
 
     def measured_passes(self) -> dict[int, float]:
         """Seconds per measured batch size (none before a one-token pass gives them a scale)."""
@@ -167,7 +187,7 @@ class Costs:
     def _price(self, batch_size: int) -> float:
         """A pass of ``batch_size`` relative to a one-token pass (every estimate scales with it)."""
         measured = self._relative.get(batch_size)
-        if measured is not None and (batch_size == 1 or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES):
+        if measured is not None and (batch_size == 1 or self._trusted(batch_size)):
             return measured
         estimate = self._estimate_pass(batch_size)
         # A size measured once or twice may have been slowed by another process: a guess from the other
