@@ -223,6 +223,9 @@ def test_doctor_and_profiles_name_the_head(make_tiny_model):
     listing = CliRunner().invoke(app, ["profiles"], env={"COLUMNS": "250"})
     row = next(line for line in listing.stdout.splitlines() if line.startswith("qwen3.6-35b-a3b"))
     assert "its own MTP head" in row
+    # A draft model whose size the profile does not pin is a draft model all the same.
+    gemma = next(line for line in listing.stdout.splitlines() if line.startswith("gemma-3-27b"))
+    assert "MTP" not in gemma and "?" in gemma
     shown = CliRunner().invoke(app, ["profiles", "show", "qwen3.6-35b-a3b"])
     assert "draft: none, the target drafts with its own MTP head" in shown.stdout
 

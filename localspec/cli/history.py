@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import json
 
-import typer
 from rich.table import Table
 
 from localspec import paths
 from localspec.cli.console import err, format_size, out
+from localspec.cli.listing import listing_group
 from localspec.engine import history
 from localspec.engine.suffix import SEPARATOR
 
-app = typer.Typer(
-    help="Earlier answers kept for suffix decoding: list them per tokenizer, or clear them.", add_completion=False
-)
 
-
-@app.callback(invoke_without_command=True)
-def list_command(
-    ctx: typer.Context,
-    json_output: bool = typer.Option(False, "--json", help="Print the list as JSON."),
-) -> None:
+def _list(json_output: bool) -> None:
     """List the history files: one per tokenizer, with answers, tokens and size."""
-    if ctx.invoked_subcommand:
-        return
     directory = paths.history_dir()
     rows = []
     for path in sorted(directory.glob("*.bin")) if directory.is_dir() else []:
@@ -45,6 +35,9 @@ def list_command(
     for row in rows:
         table.add_row(row["tokenizer"], str(row["answers"]), str(row["tokens"]), format_size(row["bytes"]))
     out.print(table)
+
+
+app = listing_group("Earlier answers kept for suffix decoding: list them per tokenizer, or clear them.", _list)
 
 
 @app.command("clear")

@@ -9,19 +9,13 @@ from rich.table import Table
 
 from localspec import store
 from localspec.cli.console import format_size, out
+from localspec.cli.listing import listing_group
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, list_profiles, load_profile
 
-app = typer.Typer(help="List model profiles (target/draft pairs) or show one.", add_completion=False)
 
-
-@app.callback(invoke_without_command=True)
-def list_command(
-    ctx: typer.Context,
-    json_output: bool = typer.Option(False, "--json", help="Print the list as JSON."),
-) -> None:
+def _list(json_output: bool) -> None:
     """List shipped and user profiles with sizes, method and whether both models are downloaded."""
-    if ctx.invoked_subcommand:
-        return
+    profiles = list_profiles()
     rows = [
         {
             "name": profile.name,
@@ -32,7 +26,7 @@ def list_command(
             "downloaded": all(store.model_path(s).is_file() for s in _models(profile).values()),
             "description": profile.description,
         }
-        for profile in list_profiles()
+        for profile in profiles
     ]
     if json_output:
         out.print(json.dumps(rows, indent=2), markup=False, highlight=False)
@@ -40,16 +34,19 @@ def list_command(
     table = Table(box=None, pad_edge=False)
     for column in ("name", "target", "draft", "method", "downloaded", "description"):
         table.add_column(column)
-    for row in rows:
+    for profile, row in zip(profiles, rows):
         table.add_row(
             row["name"] + (" (default)" if row["default"] else ""),
             format_size(row["target_bytes"]),
-            "its own MTP head" if row["draft_bytes"] is None else format_size(row["draft_bytes"]),
+            "its own MTP head" if profile.draft is None else format_size(row["draft_bytes"]),
             row["method"],
             "yes" if row["downloaded"] else "no",
             row["description"],
         )
     out.print(table)
+
+
+app = listing_group("List model profiles (target/draft pairs) or show one.", _list)
 
 
 @app.command("show")
