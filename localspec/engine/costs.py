@@ -128,9 +128,9 @@ class Costs:
         """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
 
         Each is trusted at once but counts as one sample, so this session's passes of its size outvote it
-        from the second: a stale cost (one taken while another process slowed the machine) priced 2-token
-        passes at 1.30x of one on the 2-core Intel Xeon where they took 1.03x, and auto, declining the
-        one-token drafts it priced as a loss, would have needed four passes of that size to learn otherwise.
+        from the second: a stale cost priced 2-token passes at 1.30x of one on the 2-core Intel Xeon where
+        they took 1.03x, and auto, declining the one-token drafts it priced as a loss, would have needed four
+        passes of that size to learn otherwise.
         """
         for batch_size, value in relative.items():
             if 1 < batch_size <= MAX_VERIFY_BATCH and batch_size not in self._relative:
@@ -153,7 +153,7 @@ class Costs:
         """The verification pass costs this session measured itself, each from enough of its own passes,
         for the next sessions: a remembered cost it never re-measured is not written back as if it had."""
         costs = {}
-        for batch_size, value in self.relative_costs().items():
+        for batch_size in self.relative_costs():
             own = min(self._own.get(batch_size, 0), len(self._pass_samples[batch_size]))
             if own >= TRUSTED_SAMPLES:
                 costs[batch_size] = statistics.median(list(self._pass_samples[batch_size])[-own:])
