@@ -7,10 +7,12 @@ import io
 import json
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from localspec import paths
 from localspec.cli.app import app
+from localspec.cli.bench import _table
 from localspec.cli.console import PIPE_WIDTH
 from localspec.engine.history import HistoryStore
 from localspec.profiles import DEFAULT_PROFILE
@@ -84,10 +86,6 @@ def test_bench_tables_and_notes(tiny_target, tmp_path):
 
 def test_bench_table_fits_a_pipe_with_a_tiny_models_six_figure_rates():
     # CI's fast CPU ran the tiny model's `none` at over 100000 tok/s: one more digit pushed a line past PIPE_WIDTH.
-    from rich.console import Console
-
-    from localspec.cli.bench import _table
-
     row = {"prompts": 1, "runs": 1, "baseline_tok_per_s": 123456.7, "tok_per_s": 123456.7, "speedup": 1.0,
            "expected_speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_length": 1.0, "per_position_acceptance": [],
            "target_passes": 8, "ttft_s": 0.0, "identical": True, "method": "none", "draft_len": None, "history": False}

@@ -69,8 +69,8 @@ class Costs:
 
     def __init__(self) -> None:
         self._pass_samples: dict[int, deque[float]] = {}
-        self._remembered: set[int] = set()  # sizes seeded from earlier sessions (one sample each)
-        self._own: dict[int, int] = {}  # passes of each size this session measured itself
+        # Sizes whose oldest sample is a cost remembered from earlier sessions (until it rolls out).
+        self._remembered: set[int] = set()
         self.one: float | None = None  # a one-token pass in seconds
         self._relative: dict[int, float] = {}  # larger passes relative to a one-token pass
         self._sizes: list[int] = []  # the measured batch sizes, sorted
@@ -88,7 +88,6 @@ class Costs:
 
     # -- target passes ---------------------------------------------------------------------------
     def record_pass(self, batch_size: int, seconds: float) -> None:
-        self._own[batch_size] = self._own.get(batch_size, 0) + 1
         if batch_size != 1:
             if self.one is None:
                 self._unscaled.append((batch_size, seconds))
@@ -118,6 +117,8 @@ class Costs:
         if batch_size != 1:
             self._priced.clear()
         samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
+        if len(samples) == samples.maxlen:
+            self._remembered.discard(batch_size)  # a remembered cost is the first sample in: it rolls out first
         samples.append(value)
         if batch_size not in self._relative:
             self._sizes = sorted((*self._relative, batch_size))
@@ -154,7 +155,7 @@ class Costs:
         for the next sessions: a remembered cost it never re-measured is not written back as if it had."""
         costs = {}
         for batch_size in self.relative_costs():
-            own = min(self._own.get(batch_size, 0), len(self._pass_samples[batch_size]))
+            own = len(self._pass_samples[batch_size]) - (batch_size in self._remembered)
             if own >= TRUSTED_SAMPLES:
                 costs[batch_size] = statistics.median(list(self._pass_samples[batch_size])[-own:])
         return costs
