@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from localspec.engine.library import load_native_libraries_first  # noqa: E402
+from localspec.engine.llama.library import load_native_libraries_first  # noqa: E402
 
 load_native_libraries_first()  # before any numpy import (see there)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.sampling import SamplingParams
-from localspec.engine.text import TextPiece
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.decoding.text import TextPiece
 from localspec.errors import PromptTooLong, UsageError
 from localspec.gguf.templates import has_thinking_switch, render_chat, shows_late_system
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from localspec import paths
-from localspec.engine.backend import DEFAULT_N_CTX
-from localspec.engine.controller import DEFAULT_METHOD, check_method
-from localspec.engine.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from localspec.engine.decoding.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from localspec.engine.llama.model import DEFAULT_N_CTX
+from localspec.engine.planner.controller import DEFAULT_METHOD, check_method
 from localspec.errors import ProfileError, UnsafePathError, UsageError
 
 if sys.version_info >= (3, 11):

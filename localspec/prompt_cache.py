@@ -6,7 +6,7 @@ side requests (a title agent, a sub-agent, a second client) then no longer cost 
 prompt, and a restarted server finds an agent's system prompt and tools on disk.
 
 Memory and disk have a bound each, least recently used out first; neither grows past it. A file is used
-only when its identity (weights, context layout, kernels, build: ``LlamaModel.state_identity``) is this
+only when its identity (weights, context layout, kernels, build: ``Model.state_identity``) is this
 model's and its checksum holds: a damaged file is deleted, a foreign one is never read back and ages out.
 Writes go to a temporary file renamed over the old one, so a file is whole or absent.
 
@@ -38,9 +38,10 @@ from time import perf_counter
 
 import numpy as np
 
-from localspec.engine.backend import LlamaModel, common_prefix_length
-from localspec.gguf.memory import MemoryKind
+from localspec.engine.llama.model import Model
+from localspec.engine.tokens import common_prefix_length
 from localspec.errors import LocalspecError
+from localspec.gguf.memory import MemoryKind
 from localspec.paths import temp_beside
 
 MIB = 2**20
@@ -90,7 +91,7 @@ class PromptCache:
         self.disk_bytes = disk_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._ram_used = 0
-        self._identities: weakref.WeakKeyDictionary[LlamaModel, str] = weakref.WeakKeyDictionary()
+        self._identities: weakref.WeakKeyDictionary[Model, str] = weakref.WeakKeyDictionary()
         self._indexed: set[str] = set()  # identities whose files on disk are in _entries
 
     @property
@@ -100,14 +101,14 @@ class PromptCache:
     def disk_used(self) -> int:
         return sum(size for _, size, _ in self._files())
 
-    def entries(self, model: LlamaModel) -> list[tuple[int, bool, bool]]:
+    def entries(self, model: Model) -> list[tuple[int, bool, bool]]:
         """(tokens, in memory, on disk) of this model's kept states, least recently used first."""
         identity = self._identity(model)
         return [(len(e.tokens), e.state is not None, e.file is not None)
                 for e in self._entries.values() if e.identity == identity]
 
     # -- use ---------------------------------------------------------------------------------------
-    def restore(self, model: LlamaModel, prompt: Sequence[int]) -> Restored | None:
+    def restore(self, model: Model, prompt: Sequence[int]) -> Restored | None:
         """Restore the kept state that lets ``model`` skip the most of ``prompt``'s prefill, if it beats what
         the model holds already; None when nothing was restored."""
         identity = self._identity(model)
@@ -145,7 +146,7 @@ class PromptCache:
             return Restored(reused, source, perf_counter() - started)
         return None
 
-    def keep(self, model: LlamaModel) -> None:
+    def keep(self, model: Model) -> None:
         """Keep the state ``model`` holds now (after a generation), unless it is kept already."""
         tokens = list(model.tokens)
         if not tokens:
@@ -297,7 +298,7 @@ class PromptCache:
             self._drop(key, entry)
         return state
 
-    def _identity(self, model: LlamaModel) -> str:
+    def _identity(self, model: Model) -> str:
         identity = self._identities.get(model)
         if identity is None:
             identity = self._identities[model] = model.state_identity()

@@ -11,18 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from localspec import paths, store
-from localspec.engine.backend import DEFAULT_N_CTX, LlamaModel
-from localspec.engine.controller import method_uses
-from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.drafting import Source
-from localspec.engine.history import HistoryStore, tokenizer_identity
-from localspec.engine.kernels import EXACT
-from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
-from localspec.engine.pass_costs import PassCostMemory
-from localspec.engine.vocab import VocabOnlyTokenizer
+from localspec import paths
+from localspec.store import cache as store
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.drafters.base import Source
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.kernels import EXACT
+from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
+from localspec.engine.llama.model import DEFAULT_N_CTX, Model
+from localspec.engine.llama.vocab import VocabOnlyTokenizer
+from localspec.engine.persist.history import HistoryStore, tokenizer_identity
+from localspec.engine.persist.pass_costs import PassCostMemory
+from localspec.engine.planner.controller import method_uses
+from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO
 from localspec.errors import IncompatibleError, UsageError
 from localspec.gguf.compat import Report, check_model, check_pair
 from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
@@ -142,7 +143,7 @@ def open_decoder(
     The pass costs this machine measured in earlier sessions seed the controller; after each answer the
     session saves what it learnt (pass costs, the history).
     """
-    target = LlamaModel(
+    target = Model(
         pair.target,
         n_ctx=options.n_ctx,
         n_threads=options.threads,
@@ -161,8 +162,8 @@ def open_decoder(
     if pair.draft is not None and head is None:
         draft_path = pair.draft
 
-        def load_draft() -> LlamaModel:
-            return LlamaModel(
+        def load_draft() -> Model:
+            return Model(
                 draft_path,
                 n_ctx=options.n_ctx,
                 n_threads=options.threads,
@@ -172,7 +173,7 @@ def open_decoder(
                 rollback_snapshots=0,
             )
 
-        draft = DraftModelProposer(load_draft)
+        draft = DraftModelDrafter(load_draft)
         # A decode step streams the weights once, so the file-size ratio is a fair first guess of the cost ratio.
         ratio = draft_path.stat().st_size / pair.target.stat().st_size
     answers = HistoryStore(paths.history_file(tokenizer_identity(target))) if history else None
@@ -198,7 +199,7 @@ def open_decoder(
     return decoder
 
 
-def _pass_cost_memory(target: LlamaModel) -> PassCostMemory:
+def _pass_cost_memory(target: Model) -> PassCostMemory:
     return PassCostMemory(paths.pass_costs_file(), target.cost_identity())
 
 

@@ -18,10 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.drafting import TARGET_ALONE, Source
-from localspec.engine.stats import GenerationStats
-from localspec.engine.text import TextPiece
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.stats import GenerationStats
+from localspec.engine.decoding.text import TextPiece
+from localspec.engine.drafters.base import TARGET_ALONE, Source
 from localspec.gguf.memory import MemoryKind
 
 DEFAULT_MIN_INTERVAL = 0.1  # at most ~10 refreshes per second

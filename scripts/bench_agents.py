@@ -117,12 +117,12 @@ def as_sent(request: Request, *, temperature: float | None, max_tokens: int | No
 # -- what each prompt shares with the earlier ones ------------------------------------------------
 def prompt_tokens(requests: list[Request], target: Path) -> list[list[int] | None]:
     """Each request's prompt as localspec renders it (None where localspec refuses the request)."""
-    from localspec.engine.backend import LlamaModel
-    from localspec.engine.decoder import SpeculativeDecoder
-    from localspec.engine.sampling import SamplingParams
+    from localspec.engine.decoding.decoder import SpeculativeDecoder
+    from localspec.engine.decoding.sampling import SamplingParams
+    from localspec.engine.llama.model import Model
     from localspec.server.worker import GenerationWorker
 
-    worker = GenerationWorker(SpeculativeDecoder(LlamaModel(target, vocab_only=True)), SamplingParams())
+    worker = GenerationWorker(SpeculativeDecoder(Model(target, vocab_only=True)), SamplingParams())
     prompts = []
     for request in requests:
         try:
@@ -150,7 +150,7 @@ def request_parser(route: str):
 
 def new_tokens(prompts: list[list[int] | None]) -> list[int | None]:
     """Per prompt: its tokens past the longest prefix it shares with any earlier prompt of the session."""
-    from localspec.engine.backend import common_prefix_length
+    from localspec.engine.tokens import common_prefix_length
 
     news = []
     for i, prompt in enumerate(prompts):

@@ -28,12 +28,12 @@ def worker(context: int, model: str) -> None:
     """Loads the model, prefills, prints "ready", then answers each "k reps" line with a median in ms."""
     from bench_engine import long_prompt, pass_seconds
 
-    from localspec.engine.backend import LlamaModel
+    from localspec.engine.llama.model import Model
     from localspec.profiles import DEFAULT_PROFILE
     from localspec.session import resolve_pair
 
     pair = resolve_pair(profile=DEFAULT_PROFILE, offline=True)
-    target = LlamaModel(pair.draft if model == "draft" else pair.target, n_ctx=context + max(SIZES) + 64)
+    target = Model(pair.draft if model == "draft" else pair.target, n_ctx=context + max(SIZES) + 64)
     tokens = long_prompt(target, context + max(SIZES))
     target.eval(tokens[:context], n_logits=0, prefill=True)
     print("ready", flush=True)

@@ -22,7 +22,7 @@ import time
 from localspec.bench import report
 from localspec.bench.runner import BenchRunner, BenchSettings, Config
 from localspec.bench.workloads import BenchPrompt
-from localspec.engine.backend import LlamaModel
+from localspec.engine.llama.model import Model
 from localspec.profiles import DEFAULT_PROFILE
 from localspec.session import ModelOptions, open_decoder, resolve_pair
 
@@ -102,13 +102,13 @@ def main() -> None:
               f"{row['acceptance_rate']:7.0%} {row['target_passes']:7.0f} {overhead:12.2f} {row['identical']!s:>9}")
 
 
-def long_prompt(target: LlamaModel, length: int) -> list[int]:
+def long_prompt(target: Model, length: int) -> list[int]:
     """At least ``length`` tokens of code, repeated."""
     tokens = target.tokenize(EDIT_CODE, add_bos=False)
     return tokens * (length // len(tokens) + 1)
 
 
-def pass_seconds(target: LlamaModel, tokens: list[int], context: int, size: int, reps: int) -> float:
+def pass_seconds(target: Model, tokens: list[int], context: int, size: int, reps: int) -> float:
     """Median seconds of ``reps`` passes over ``tokens[context:context + size]`` (all rows' logits, as
     verification needs), each after rolling the cache back to the ``context``-token prefix."""
     times = []
@@ -120,7 +120,7 @@ def pass_seconds(target: LlamaModel, tokens: list[int], context: int, size: int,
     return statistics.median(times)
 
 
-def pass_costs(target: LlamaModel, sizes=PASS_SIZES, reps=5, context=PASS_CONTEXT) -> tuple[dict[int, float], float]:
+def pass_costs(target: Model, sizes=PASS_SIZES, reps=5, context=PASS_CONTEXT) -> tuple[dict[int, float], float]:
     """Median target pass seconds by batch size after a ``context``-token prefix, and the prefill speed of
     that prefix in tokens per second."""
     tokens = long_prompt(target, context + max(sizes))
@@ -133,7 +133,7 @@ def pass_costs(target: LlamaModel, sizes=PASS_SIZES, reps=5, context=PASS_CONTEX
     return costs, prefill
 
 
-def print_pass_costs(target: LlamaModel, context: int = PASS_CONTEXT) -> None:
+def print_pass_costs(target: Model, context: int = PASS_CONTEXT) -> None:
     costs, prefill = pass_costs(target, context=context)
     shown = " / ".join(f"{size}: {1000 * seconds:.0f}" for size, seconds in costs.items())
     print(f"target pass ms by batch size after {context} tokens ({target.kernels} kernels): {shown}; "

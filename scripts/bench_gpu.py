@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # On the lent H200's image a first model load after a numpy import segfaulted; importing localspec first
-# loads what must come before numpy (engine/library.py's load_native_libraries_first), here and in the bench
+# loads what must come before numpy (engine/llama/library.py's load_native_libraries_first), here and in the bench
 # process below. `models` runs while llama.cpp is still building, which that import allows.
 import localspec  # noqa: E402, F401
 
@@ -142,8 +142,8 @@ class Report:
 
 
 def machine_lines(cpu: bool) -> list[str]:
-    from localspec.engine.library import load_llama_cpp
-    from localspec.engine.machine import cpu_model
+    from localspec.engine.llama.library import load_llama_cpp
+    from localspec.engine.llama.machine import cpu_model
 
     gpu = "none (--cpu)"
     if not cpu:
@@ -155,14 +155,14 @@ def machine_lines(cpu: bool) -> list[str]:
 
 def pass_curves(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool, brief: bool) -> None:
     """Pass cost tables, by rows, relative to one row too."""
+    from localspec.engine.llama.model import Model
     from scripts.bench_engine import pass_costs
-    from localspec.engine.backend import LlamaModel
 
     sizes = PASS_SIZES[:6] if quick else PASS_SIZES
     reps = 3 if quick else 9
     curves: dict[str, dict[int, float]] = {}
     for name, contexts in (("target-1.5b", (256,) if brief else (256, 4096)), ("moe-30b-a3b", (256,))):
-        model = LlamaModel(model_path(directory, name, QUANT), n_ctx=4096 + 2 * max(sizes), n_threads=threads,
+        model = Model(model_path(directory, name, QUANT), n_ctx=4096 + 2 * max(sizes), n_threads=threads,
                            n_gpu_layers=gpu_layers)
         for context in contexts:
             costs, prefill = pass_costs(model, sizes=sizes, reps=reps, context=context)
@@ -185,7 +185,6 @@ def method_rounds(report: Report, directory: Path, gpu_layers: int, threads: int
     from localspec.bench.runner import BenchRunner, BenchSettings, Config
     from localspec.bench.workloads import BenchPrompt
     from localspec.session import ModelOptions, open_decoder, resolve_pair
-
     from scripts.bench_engine import PROMPTS, pass_costs
 
     pair = resolve_pair(target=model_path(directory, "target-1.5b", QUANT),

@@ -60,11 +60,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localspec.bench.stock import overall_rows  # noqa: E402
-from scripts.make_hybrid_model import (  # noqa: E402
-    QUANT_TYPES, SHAPES, make_hybrid_model, qwen35_0_8b_spec, qwen35_27b_spec,
-)
 from localspec.gguf.header import read_header  # noqa: E402
 from localspec.gguf.heads import HeadFile, companion_head  # noqa: E402
+from scripts.make_hybrid_model import (  # noqa: E402
+    QUANT_TYPES,
+    SHAPES,
+    make_hybrid_model,
+    qwen35_0_8b_spec,
+    qwen35_27b_spec,
+)
 from tests.tiny_models import write_tiny_dflash_head, write_tiny_eagle3_head  # noqa: E402
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -107,12 +111,12 @@ def write_head(kind: str, out: Path, *, layers: int, embd: int, vocab: int) -> H
 def measure_costs(path: Path, *, threads: int, max_tokens: int, head: HeadFile | None = None) -> dict:
     """The controller's measured costs after head rounds of several draft lengths on ``path``: its MTP
     head's, or with ``head`` (a companion) that head's."""
-    from localspec.engine.backend import LlamaModel
-    from localspec.engine.decoder import SpeculativeDecoder
-    from localspec.engine.drafting import Source
+    from localspec.engine.decoding.decoder import SpeculativeDecoder
+    from localspec.engine.drafters.base import Source
+    from localspec.engine.llama.model import Model
 
     method = head.kind if head is not None else "mtp"
-    target = LlamaModel(path, n_ctx=4096, n_threads=threads, load_mtp=head is None)
+    target = Model(path, n_ctx=4096, n_threads=threads, load_mtp=head is None)
     decoder = SpeculativeDecoder(target, method=method, head=head)
     if head is None:
         decoder.drafter(Source.MTP).min_confidence = 0.0  # every draft length gets measured
@@ -199,10 +203,10 @@ def print_curve(controller, source) -> None:
 
 def extrapolate(args) -> None:
     """The MTP head of a ``--shape`` model priced at ``--extrapolate-to`` layers from two shallow copies."""
-    from localspec.engine.controller import Controller
-    from localspec.engine.costs import TRUSTED_SAMPLES
-    from localspec.engine.drafting import Source
-    from localspec.engine.mtp import MtpDrafter
+    from localspec.engine.drafters.base import Source
+    from localspec.engine.drafters.mtp import MtpDrafter
+    from localspec.engine.planner.controller import Controller
+    from localspec.engine.planner.costs import TRUSTED_SAMPLES
 
     depths = (args.layers, 2 * args.layers)
     measured = {}

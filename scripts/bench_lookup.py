@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from localspec.engine.lookup import PromptLookupProposer
+from localspec.engine.drafters.lookup_index import PromptLookupIndex
 
 SIZES = (1_000, 10_000, 100_000)
 STEPS = 5_000
@@ -37,7 +37,7 @@ def main() -> None:
     print(f"{'history':>8} {'build us/tok':>13} {'step us/tok':>12} {'propose us':>11} {'matched':>8}")
     for size in SIZES:
         history = make_history(size + STEPS, rng)
-        proposer = PromptLookupProposer()
+        proposer = PromptLookupIndex()
         start = time.perf_counter()
         proposer.extend(history[:size])
         build = (time.perf_counter() - start) / size

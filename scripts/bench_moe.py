@@ -3,7 +3,7 @@
 Verifying k drafts is one target pass of k + 1 tokens; on a dense model its cost grows slowly with k, on a
 MoE each token routes to its own experts, so a pass reads the union of their weights and grows faster
 (ik_llama.cpp #1630). This writes seeded-random models with the per-layer shapes below (tests/tiny_models.py,
-quantized by llama.cpp's own quantizer), times passes of 1..33 tokens through the engine's ``LlamaModel``
+quantized by llama.cpp's own quantizer), times passes of 1..33 tokens through the engine's ``Model``
 (a hybrid's state restored from a checkpoint after each, outside the timing), interleaved by size, and
 prints each size's cost relative to a one-token pass beside a dense model of the same active width, and
 what the planner makes of it: the best draft length and expected speed at acceptance 0.5-0.9, priced by
@@ -62,9 +62,9 @@ def dense_twin(spec: TinySpec) -> TinySpec:
 
 def pass_costs(path: Path, *, threads: int, repeats: int) -> dict[int, float]:
     """Median seconds of a pass of each size after a 64-token prompt, sizes interleaved."""
-    from localspec.engine.backend import LlamaModel
+    from localspec.engine.llama.model import Model
 
-    model = LlamaModel(path, n_ctx=512, n_threads=threads)
+    model = Model(path, n_ctx=512, n_threads=threads)
     prompt = model.tokenize("def parse(line):\n    return line.split(',')\n" * 4, add_bos=True)[:64]
     model.eval(prompt, n_logits=0, prefill=True)
     tokens = (prompt * 2)[: max(SIZES)]
@@ -82,8 +82,8 @@ def pass_costs(path: Path, *, threads: int, repeats: int) -> dict[int, float]:
 def planner_view(costs: dict[int, float]) -> list[tuple[float, int, float]]:
     """(acceptance, best draft length, expected speed / target alone) as the controller prices a copy
     drafter (free drafts) on these pass costs."""
-    from localspec.engine.controller import Controller
-    from localspec.engine.drafting import Source
+    from localspec.engine.drafters.base import Source
+    from localspec.engine.planner.controller import Controller
 
     controller = Controller("lookup")
     for size, seconds in costs.items():

@@ -25,16 +25,16 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localspec.engine.backend import LlamaModel  # noqa: E402
-from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS  # noqa: E402
+from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS  # noqa: E402
+from localspec.engine.llama.model import Model  # noqa: E402
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16, 32)
 
 
-def load(path: Path, args, snapshots: int) -> tuple[LlamaModel, int]:
+def load(path: Path, args, snapshots: int) -> tuple[Model, int]:
     """The model and the resident bytes its context added (weights are mapped, the context is not)."""
     rss = psutil.Process().memory_info().rss
-    model = LlamaModel(path, n_ctx=args.ctx, n_threads=args.threads, rollback_snapshots=snapshots)
+    model = Model(path, n_ctx=args.ctx, n_threads=args.threads, rollback_snapshots=snapshots)
     return model, psutil.Process().memory_info().rss - rss
 
 

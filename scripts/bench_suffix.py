@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times suffix decoding's lookup (engine/suffix.py) on a large synthetic answer history.
+"""Times suffix decoding's lookup (engine/drafters/suffix_index.py) on a large synthetic answer history.
 
 Prints the index build time, its memory, and the time of one ``propose`` (one round's lookup) for
 contexts taken from stored answers (long matches, many occurrences) and for unseen ones. Each draft's
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from localspec.engine.suffix import SEPARATOR, SuffixIndex
+from localspec.engine.drafters.suffix_index import SEPARATOR, SuffixIndex
 
 VOCAB = 151_936
 

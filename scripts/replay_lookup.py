@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 from bench_engine import pass_costs
 
-import localspec.engine.decoder
+import localspec.engine.decoding.decoder
 from localspec.bench.runner import BASELINE, DEFAULT_WARMUP_TOKENS, BenchRunner, BenchSettings
 from localspec.bench.workloads import select, shipped_prompts
-from localspec.engine.backend import common_prefix_length
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.history import HistoryStore
-from localspec.engine.kernels import EXACT
-from localspec.engine.memory import MemoryPlan
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.llama.kernels import EXACT
+from localspec.engine.llama.memory import MemoryPlan
+from localspec.engine.persist.history import HistoryStore
+from localspec.engine.tokens import common_prefix_length
 from localspec.gguf.memory import MemoryKind
 from localspec.profiles import DEFAULT_PROFILE
 from localspec.session import ModelOptions, open_decoder, resolve_pair
@@ -111,7 +111,7 @@ class Clock:
 
 
 class ReplayTarget:
-    """Stands in for LlamaModel: its greedy choice at every position is the recorded answer's token, and
+    """Stands in for Model: its greedy choice at every position is the recorded answer's token, and
     each verification pass takes the recorded time of its batch size. Token ids are compact (see
     ``Replay``), the end of an answer is ``eos``."""
 
@@ -173,7 +173,7 @@ class Replay:
         ]
         self.eos = len(ids)
         self.clock = Clock()
-        localspec.engine.decoder.perf_counter = self.clock
+        localspec.engine.decoding.decoder.perf_counter = self.clock
 
     def decoder(self, method: str = "auto", history: HistoryStore | None = None) -> SpeculativeDecoder:
         """One per session, as bench keeps its decoders across prompts, remembering the recorded pass costs

@@ -19,7 +19,7 @@ import json
 
 from replay_lookup import Replay, record
 
-from localspec.engine.history import HistoryStore
+from localspec.engine.persist.history import HistoryStore
 
 WORKLOAD = "agent-repeat"
 MAX_TOKENS = 128  # as the bench slice is run in the closing notes

@@ -77,7 +77,7 @@ def qwen_pair() -> tuple[Path, Path]:
 
     import platformdirs
 
-    from localspec import store
+    from localspec.store import cache as store
     from localspec.profiles import DEFAULT_PROFILE, load_profile
 
     cache = os.environ.get("LOCALSPEC_TEST_CACHE") or platformdirs.user_cache_dir("localspec")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from localspec.engine.acceptance import verify_greedy, verify_sampled
+from localspec.engine.decoding.acceptance import verify_greedy, verify_sampled
 
 # Each chi-square check below has a false-alarm rate of 1e-4; a broken rule gives p-values near 0.
 ALPHA = 1e-4

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from localspec.engine.backend import common_prefix_length
+from localspec.engine.tokens import common_prefix_length
 from localspec.prompt_cache import DEFAULT_DISK_MIB, DEFAULT_RAM_MIB, MIB, PromptCache
 from tests.test_agents_requests import translate
 from tests.test_server import open_worker, serving

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from localspec.conversation import fit_system_messages
-from localspec.engine.backend import common_prefix_length
+from localspec.engine.tokens import common_prefix_length
 from localspec.gguf.templates import render_chat, shows_late_system
 from localspec.server.anthropic import parse_messages_request
 from localspec.server.openai import parse_chat_request

@@ -8,20 +8,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.kernels import EXACT, MAX_VERIFY_BATCH, build_verify_cap, choose_kernels, exact_kernels_built
+from localspec.engine.llama.kernels import (
+    EXACT,
+    MAX_VERIFY_BATCH,
+    build_verify_cap,
+    choose_kernels,
+    exact_kernels_built,
+)
+from localspec.engine.llama.model import Model
 from localspec.errors import ContextFullError
 from tests.tiny_models import TinySpec, quantize_tiny_model, write_tiny_model
 
 
-def _keep_prefix(model: LlamaModel, prefix: list[int]) -> None:
+def _keep_prefix(model: Model, prefix: list[int]) -> None:
     """Leave exactly ``prefix`` in the KV cache, reusing what is there (one prefill serves many cases)."""
     model.rollback(model.common_prefix(prefix))
     if model.n_past < len(prefix):
         model.eval(prefix[model.n_past :], n_logits=0)
 
 
-def _single_and_batched(model: LlamaModel, tokens: list[int], split: int, chunk: int | None = None):
+def _single_and_batched(model: Model, tokens: list[int], split: int, chunk: int | None = None):
     """Logits of tokens[split:] evaluated one by one, and in batches of ``chunk`` (default: one batch)."""
     _keep_prefix(model, tokens[:split])
     single = np.array([model.eval([t])[0] for t in tokens[split:]])
@@ -35,7 +41,7 @@ def _single_and_batched(model: LlamaModel, tokens: list[int], split: int, chunk:
 
 def test_batched_verification_logits_equal_one_by_one_bit_for_bit(tiny_target):
     """Greedy speculative output equals target-alone output only if this holds exactly."""
-    model = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    model = Model(tiny_target, n_ctx=256, n_threads=1)
     tokens = model.tokenize("hello world the code print x = hello world the code def return", add_bos=True)
     single, batched = _single_and_batched(model, tokens, 3)
     assert np.array_equal(single, batched)
@@ -43,7 +49,7 @@ def test_batched_verification_logits_equal_one_by_one_bit_for_bit(tiny_target):
 
 @pytest.fixture(scope="module")
 def real_target(qwen_pair):
-    return LlamaModel(qwen_pair[0], n_ctx=1024, n_threads=2)
+    return Model(qwen_pair[0], n_ctx=1024, n_threads=2)
 
 
 # Tiny models with the real pair's weight types, quantized by llama.cpp (256-wide rows, as K-quants need):
@@ -69,7 +75,7 @@ def quantized_tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["Q4_K_M", "Q6_K"])
 def quantized_target(request, quantized_tiny):
-    model = LlamaModel(quantized_tiny(request.param), n_ctx=1024, n_threads=2)
+    model = Model(quantized_tiny(request.param), n_ctx=1024, n_threads=2)
     yield model
     model.close()
 
@@ -106,9 +112,9 @@ def test_quantized_tiny_target_reaches_the_repacked_kernels(quantized_tiny, monk
     import llama_cpp
 
     path = quantized_tiny("Q4_K_M")
-    LlamaModel(path, vocab_only=True)  # routes llama.cpp's log to stderr under LOCALSPEC_DEBUG
+    Model(path, vocab_only=True)  # routes llama.cpp's log to stderr under LOCALSPEC_DEBUG
     monkeypatch.setenv("LOCALSPEC_DEBUG", "1")
-    # Loaded directly: LlamaModel's loader silences stderr while llama.cpp loads (and repacks) the weights.
+    # Loaded directly: Model's loader silences stderr while llama.cpp loads (and repacks) the weights.
     weights = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
     llama_cpp.llama_model_free(weights)
     assert "blk.0.ffn_up.weight with q4_K_8x8" in capsys.readouterr().err
@@ -128,7 +134,7 @@ def test_real_target_is_batch_invariant(real_target, chunk):
     assert np.array_equal(single, batched)
 
 
-def _prefill_repacked_and_plain(repacked: LlamaModel, path: Path, tokens: list[int], prefill: bool, monkeypatch):
+def _prefill_repacked_and_plain(repacked: Model, path: Path, tokens: list[int], prefill: bool, monkeypatch):
     """Logits of a prefill of ``tokens`` over repacked weights, and over the same file loaded without repacking."""
     from llama_cpp import _internals
 
@@ -137,8 +143,8 @@ def _prefill_repacked_and_plain(repacked: LlamaModel, path: Path, tokens: list[i
             params.use_extra_bufts = False
             super().__init__(params=params, **kwargs)
 
-    monkeypatch.setattr(_internals, "LlamaModel", PlainWeights)
-    plain = LlamaModel(path, n_ctx=repacked.n_ctx, n_threads=repacked.n_threads)
+    monkeypatch.setattr(_internals, "Model", PlainWeights)
+    plain = Model(path, n_ctx=repacked.n_ctx, n_threads=repacked.n_threads)
     try:
         repacked.reset()
         return (repacked.eval(tokens, n_logits=len(tokens), prefill=prefill),
@@ -168,7 +174,7 @@ def _skip_without_a_plain_tiled_reference() -> None:
 def test_tiny_prefill_reads_repacked_weights_as_plain_ones(quantized_tiny, monkeypatch, size, prefill):
     _skip_without_a_plain_tiled_reference()
     path = quantized_tiny("Q4_K_M")
-    model = LlamaModel(path, n_ctx=1024, n_threads=2)
+    model = Model(path, n_ctx=1024, n_threads=2)
     tokens = np.random.default_rng(size).integers(3, model.n_vocab, size).tolist()
     try:
         repacked, plain = _prefill_repacked_and_plain(model, path, tokens, prefill, monkeypatch)
@@ -211,18 +217,18 @@ def test_the_builds_verification_cap_is_the_engines():
 
 
 def test_rollback_then_eval_matches_fresh(tiny_target):
-    model = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    model = Model(tiny_target, n_ctx=256, n_threads=1)
     tokens = model.tokenize("the code print x", add_bos=True)
     model.eval(tokens + [5, 6, 7, 8])
     model.rollback(len(tokens) - 1)
     assert model.tokens == tokens[:-1]
     again = model.eval(tokens[-1:])[0]
-    fresh = LlamaModel(tiny_target, n_ctx=256, n_threads=1).eval(tokens)[0]
+    fresh = Model(tiny_target, n_ctx=256, n_threads=1).eval(tokens)[0]
     assert np.array_equal(again, fresh)
 
 
 def test_eval_returns_the_requested_rows(tiny_target):
-    model = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    model = Model(tiny_target, n_ctx=256, n_threads=1)
     tokens = model.tokenize("hello world", add_bos=True)
     rows = model.eval(tokens, n_logits=3)
     assert rows.shape == (3, model.n_vocab)
@@ -230,20 +236,20 @@ def test_eval_returns_the_requested_rows(tiny_target):
 
 
 def test_context_overflow_is_a_clear_error(tiny_target):
-    model = LlamaModel(tiny_target, n_ctx=64, n_threads=1)
+    model = Model(tiny_target, n_ctx=64, n_threads=1)
     with pytest.raises(ContextFullError, match="context window full"):
         model.eval(list(range(3, 70)))
     assert model.n_past == 0
 
 
 def test_token_bytes_are_exact(tiny_target):
-    model = LlamaModel(tiny_target, vocab_only=True)
+    model = Model(tiny_target, vocab_only=True)
     text = "hello world"
     assert b"".join(model.token_bytes(t) for t in model.tokenize(text, add_bos=False)).decode().strip() == text
 
 
 def test_another_context_shares_the_weights_and_keeps_its_own_cache(tiny_target):
-    model = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    model = Model(tiny_target, n_ctx=256, n_threads=1)
     other = model.another_context()
     tokens = model.tokenize("the code print x", add_bos=True)
     first = model.eval(tokens)[0]

@@ -11,8 +11,8 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
-from localspec import paths, store
-
+from localspec import paths
+from localspec.store import cache as store
 from localspec.bench import report, workloads
 from localspec.bench.runner import (
     BASELINE,
@@ -29,11 +29,11 @@ from localspec.bench.runner import (
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
-from localspec.engine.controller import Controller
-from localspec.engine.costs import TRUSTED_SAMPLES
-from localspec.engine.decoder import Step
-from localspec.engine.history import LEAD_TOKENS
-from localspec.engine.stats import GenerationStats
+from localspec.engine.decoding.stats import GenerationStats
+from localspec.engine.decoding.text import Step
+from localspec.engine.persist.history import LEAD_TOKENS
+from localspec.engine.planner.controller import Controller
+from localspec.engine.planner.costs import TRUSTED_SAMPLES
 from localspec.errors import UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, load_profile
 from localspec.session import ModelOptions, Pair, open_decoder

@@ -20,15 +20,15 @@ from typer.testing import CliRunner
 from localspec.cli.app import app
 from localspec.cli.chat import ChatSession, Command, parse_command, read_turn
 from localspec.conversation import Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder, Step
-from localspec.engine.history import HistoryStore
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.sampling import SamplingParams
-from localspec.engine.text import TextPiece, stream_text
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.decoding.text import Step, TextPiece, stream_text
+from localspec.engine.drafters.base import Source
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
 from localspec.errors import UsageError
 from localspec.session import ModelOptions, Pair, open_decoder
-from localspec.engine.drafting import Source
 from localspec.tui import SOURCE_NAMES, LiveView, sparkline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,8 +42,8 @@ def chat(tiny_target: Path, tiny_draft: Path, stdin: str, *args: str):
 
 def make_decoder(target: Path, draft: Path | None = None, *, method: str = "hybrid") -> SpeculativeDecoder:
     # One thread: the tiny models gain nothing from more, and a busy machine slows llama.cpp's thread sync a lot.
-    proposer = DraftModelProposer(lambda: LlamaModel(draft, n_ctx=1024, n_threads=1)) if draft else None
-    return SpeculativeDecoder(LlamaModel(target, n_ctx=1024, n_threads=1), draft=proposer, method=method)
+    proposer = DraftModelDrafter(lambda: Model(draft, n_ctx=1024, n_threads=1)) if draft else None
+    return SpeculativeDecoder(Model(target, n_ctx=1024, n_threads=1), draft=proposer, method=method)
 
 
 # -- parsing -------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def test_live_view_shows_every_token_source(tiny_target, source):
 
 
 def test_live_view_colours_tokens_drafted_from_the_answer_history(tiny_target):
-    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=1024, n_threads=1), history=HistoryStore(None))
+    decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=1024, n_threads=1), history=HistoryStore(None))
     prompt = decoder.target.tokenize("hello world def x", add_bos=True)
     for _ in range(2):  # the first answer fills the history (and the controller's costs), the second drafts from it
         screen = io.StringIO()

@@ -9,9 +9,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from localspec import paths, store
+from localspec import paths
+from localspec.store import cache as store
 from localspec.cli.app import app
-from localspec.engine import machine
+from localspec.engine.llama import machine
 from localspec.profiles import DEFAULT_PROFILE
 from tests.fake_index import hidden_leftovers, write_user_profile
 from tests.tiny_models import TinySpec, tiny_model_bytes

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localspec import store
+from localspec.store import cache as store
 from localspec.cli.app import app
 from localspec.errors import StoreError
 from tests.tiny_models import CHAT_TEMPLATE

@@ -14,7 +14,7 @@ from localspec import paths
 from localspec.cli.app import app
 from localspec.cli.bench import _table
 from localspec.cli.console import PIPE_WIDTH
-from localspec.engine.history import HistoryStore
+from localspec.engine.persist.history import HistoryStore
 from localspec.profiles import DEFAULT_PROFILE
 
 

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.cli.app import app
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.drafting import Source
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.base import Source
+from localspec.engine.llama.model import Model
 from localspec.errors import UsageError
 from localspec.gguf.header import read_header
 from localspec.gguf.heads import companion_head
@@ -47,7 +47,7 @@ def kind_of(pair) -> str:
 def make_decoder(pair, *, method=None, draft_len=None) -> SpeculativeDecoder:
     """A decoder on ``pair`` with ``method`` (default: the head's own) and the head as its companion."""
     target_path, head_path = pair
-    target = LlamaModel(target_path, n_ctx=N_CTX, n_threads=1)
+    target = Model(target_path, n_ctx=N_CTX, n_threads=1)
     head = companion_head(head_path, read_header(head_path))
     method = method or head.kind
     return SpeculativeDecoder(target, method=method, draft_len=draft_len, head=None if method == "none" else head)
@@ -85,7 +85,7 @@ def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(pair, baseline):
 
 
 def test_sampled_output_follows_the_target_distribution(pair):
-    prompt = LlamaModel(pair[0], vocab_only=True).tokenize("hello world", add_bos=True)
+    prompt = Model(pair[0], vocab_only=True).tokenize("hello world", add_bos=True)
     dist = exact_sequence_distribution(pair[0], prompt)
     pvalue, drafted, accepted = sequence_pvalue(make_decoder(pair, draft_len=2), prompt, dist)
     assert pvalue > ALPHA
@@ -94,7 +94,7 @@ def test_sampled_output_follows_the_target_distribution(pair):
 
 def test_a_head_method_needs_its_head(pair):
     kind = kind_of(pair)
-    target = LlamaModel(pair[0], n_ctx=N_CTX, n_threads=1)
+    target = Model(pair[0], n_ctx=N_CTX, n_threads=1)
     with pytest.raises(UsageError, match=f"{kind} needs {NAMES[kind]} head as the draft: the pair's draft is not"):
         SpeculativeDecoder(target, method=kind)
 

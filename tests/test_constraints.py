@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from localspec.engine.constraints import GrammarConstraint, compact_json, json_schema_grammar
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.sampling import SamplingParams, probabilities
+from localspec.engine.decoding.constraints import GrammarConstraint, compact_json, json_schema_grammar
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams, probabilities
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.model import Model
 from localspec.errors import GrammarError
 from localspec.session import ModelOptions, Pair, open_decoder
 from localspec.tool_calls import HERMES, call_grammar
@@ -134,7 +134,7 @@ ALPHA = 1e-3  # false-alarm rate of the goodness-of-fit test
 
 def constrained_distribution(model_path, prompt: list[int]) -> dict[tuple[int, ...], float]:
     """P(answer) for target-alone sampling under the mask, by enumerating the grammar's tree."""
-    model = LlamaModel(model_path, n_ctx=256, n_threads=1)
+    model = Model(model_path, n_ctx=256, n_threads=1)
     dist: dict[tuple[int, ...], float] = {}
 
     def walk(prefix: list[int], prob: float) -> None:
@@ -157,8 +157,8 @@ def constrained_distribution(model_path, prompt: list[int]) -> dict[tuple[int, .
 def test_sampled_constrained_speculation_follows_the_constrained_target_alone(make_tiny_model):
     target = make_tiny_model("spread-target", seed=5, logit_scale=2.0)
     draft = make_tiny_model("spread-draft", seed=5, logit_scale=2.0, perturb_seed=9, perturb_scale=0.4)
-    model = LlamaModel(target, n_ctx=256, n_threads=1)
-    proposer = DraftModelProposer(lambda: LlamaModel(draft, n_ctx=256, n_threads=1), min_confidence=0.0)
+    model = Model(target, n_ctx=256, n_threads=1)
+    proposer = DraftModelDrafter(lambda: Model(draft, n_ctx=256, n_threads=1), min_confidence=0.0)
     decoder = SpeculativeDecoder(model, draft=proposer, method="draft", draft_len=2)
     prompt = model.tokenize("hello world", add_bos=True)
     dist = constrained_distribution(target, prompt)

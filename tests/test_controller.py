@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.engine.acceptance import verify_sampled
-from localspec.engine.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
-from localspec.engine.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
-from localspec.engine.drafting import Offer, Source
-from localspec.engine.estimates import expected_tokens
-from localspec.engine.sampling import sample
+from localspec.engine.decoding.acceptance import verify_sampled
+from localspec.engine.decoding.sampling import sample
+from localspec.engine.drafters.base import Offer, Source
+from localspec.engine.planner.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
+from localspec.engine.planner.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
+from localspec.engine.planner.estimates import expected_tokens
 from localspec.errors import UsageError
 
 # Target pass cost by batch size on this 2-core CPU (FACTS.md) and on a GPU-like machine (nearly flat).

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from localspec.engine import acceptance
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.drafting import TARGET_ALONE, Source
-from localspec.engine.history import HistoryStore
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.sampling import SamplingParams, probabilities, sample
-from localspec.engine.stats import GenerationStats
+from localspec.engine.decoding import acceptance
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.engine.decoding.stats import GenerationStats
+from localspec.engine.drafters.base import TARGET_ALONE, Source
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
 from localspec.errors import ContextFullError
 
 PROMPTS = [
@@ -31,9 +31,9 @@ def make_decoder(
     target_path, draft_path=None, *, method="auto", draft_len=None, n_ctx=512, min_confidence=0.5, history=None
 ):
     # One thread: tiny models gain nothing from two, and OpenMP spinning slows a busy machine down.
-    target = LlamaModel(target_path, n_ctx=n_ctx, n_threads=1)
-    load = lambda: LlamaModel(draft_path, n_ctx=n_ctx, n_threads=1)  # noqa: E731
-    draft = DraftModelProposer(load, min_confidence=min_confidence) if draft_path else None
+    target = Model(target_path, n_ctx=n_ctx, n_threads=1)
+    load = lambda: Model(draft_path, n_ctx=n_ctx, n_threads=1)  # noqa: E731
+    draft = DraftModelDrafter(load, min_confidence=min_confidence) if draft_path else None
     on_answer = history.save if history is not None else None  # as the session saves it after each answer
     return SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, history=history,
                               on_answer=on_answer)
@@ -99,7 +99,7 @@ def test_kv_cache_after_rejections_matches_fresh_evaluation(tiny_target, tiny_dr
     context = prompt + out
     assert decoder.target.tokens == context[:-1]
     next_logits = decoder.target.eval([context[-1]])[0]
-    fresh = LlamaModel(tiny_target, n_ctx=512, n_threads=1).eval(context)[0]
+    fresh = Model(tiny_target, n_ctx=512, n_threads=1).eval(context)[0]
     np.testing.assert_allclose(next_logits, fresh, atol=1e-3, rtol=1e-3)
 
 
@@ -149,7 +149,7 @@ def spread_pair(make_tiny_model):
 
 def exact_sequence_distribution(model_path, prompt):
     """P(first N_TOKENS tokens, or fewer before an end token) for target-alone sampling, by enumerating the top-k tree."""
-    model = LlamaModel(model_path, n_ctx=256, n_threads=1)
+    model = Model(model_path, n_ctx=256, n_threads=1)
     dist = {}
 
     def walk(prefix, prob):
@@ -197,7 +197,7 @@ def sequence_pvalue(decoder, prompt, dist):
 @pytest.fixture(scope="module")
 def sampling_case(spread_pair):
     target, draft = spread_pair
-    prompt = LlamaModel(target, vocab_only=True).tokenize("hello world", add_bos=True)
+    prompt = Model(target, vocab_only=True).tokenize("hello world", add_bos=True)
     return target, draft, prompt, exact_sequence_distribution(target, prompt)
 
 
@@ -237,7 +237,7 @@ def _residual_is_p(draft, q, p, rng):
 def test_the_distribution_check_catches_broken_rules(sampling_case, monkeypatch, broken):
     """Negative control: the same test must fail for the bugs peers have shipped."""
     target, draft, prompt, dist = sampling_case
-    monkeypatch.setattr("localspec.engine.decoder.verify_sampled", broken)
+    monkeypatch.setattr("localspec.engine.decoding.decoder.verify_sampled", broken)
     decoder = make_decoder(target, draft, method="draft", draft_len=2, min_confidence=0.0)
     assert sequence_pvalue(decoder, prompt, dist)[0] < ALPHA
 
@@ -258,8 +258,8 @@ def test_auto_gives_up_a_draft_that_never_pays(make_tiny_model, tiny_target, bas
     nearly free, is tried once, measured, and then left off for the rest of the session, and the stats
     say why."""
     slow = make_tiny_model("slow-draft", seed=3, n_layers=4, n_embd=256, n_ff=1024, logit_scale=8.0)
-    target = LlamaModel(tiny_target, n_ctx=512, n_threads=1)
-    draft = DraftModelProposer(lambda: LlamaModel(slow, n_ctx=512, n_threads=1))
+    target = Model(tiny_target, n_ctx=512, n_threads=1)
+    draft = DraftModelDrafter(lambda: Model(slow, n_ctx=512, n_threads=1))
     decoder = SpeculativeDecoder(target, draft=draft, method="auto", draft_cost_ratio=0.01)
     prompt, expected = baselines[1]
     assert generate(decoder, prompt) == expected
@@ -293,7 +293,7 @@ def test_each_priced_choice_shows_what_the_planner_expected_against_what_came(ti
 
 def test_draft_catch_up_is_priced_as_proposed(tiny_target, tiny_draft, baselines):
     """What the controller is told a catch-up will cost is the batch propose then evaluates."""
-    draft = DraftModelProposer(lambda: LlamaModel(tiny_draft, n_ctx=512, n_threads=1), min_confidence=0.0)
+    draft = DraftModelDrafter(lambda: Model(tiny_draft, n_ctx=512, n_threads=1), min_confidence=0.0)
     prompt, expected = baselines[1]
     rng = np.random.default_rng(0)
     assert draft.catch_up(prompt) == len(prompt) - 1  # the last token is the first step

@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.cli.app import app
-from localspec.engine.controller import Controller
-from localspec.engine.dflash import DFlashDrafter
-from localspec.engine.drafting import Offer, Source
-from localspec.engine.mtp import MtpDrafter
+from localspec.engine.drafters.base import Offer, Source
+from localspec.engine.drafters.dflash import DFlashDrafter
+from localspec.engine.drafters.mtp import MtpDrafter
+from localspec.engine.planner.controller import Controller
 from tests.test_companion_heads import LAYERS, PROMPT, TARGET, check_json, generate, make_decoder
 from tests.tiny_models import write_tiny_dflash_head, write_tiny_model
 

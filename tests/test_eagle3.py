@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.engine.drafting import RoundState, Source
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.base import RoundState, Source
 from tests.test_companion_heads import LAYERS, TARGET, generate, make_decoder
 from tests.tiny_models import write_tiny_eagle3_head, write_tiny_model
 

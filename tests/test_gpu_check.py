@@ -56,7 +56,7 @@ def test_report_measures_every_part_on_quick_models(tmp_path, stock_bin):  # noq
 
 
 def test_importing_localspec_loads_a_cpu_build_only_when_a_model_needs_it():
-    # A GPU build is loaded on import, before numpy (engine/library.py's load_native_libraries_first); a CPU
+    # A GPU build is loaded on import, before numpy (engine/llama/library.py's load_native_libraries_first); a CPU
     # build is not, so commands that load no model start as fast as before.
     done = subprocess.run([sys.executable, "-c", "import localspec, sys; print('llama_cpp' in sys.modules)"],
                           capture_output=True, text=True, cwd=REPO, check=True)

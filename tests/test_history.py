@@ -7,9 +7,9 @@ import stat
 import pytest
 
 from localspec import paths
-from localspec.engine.backend import LlamaModel
-from localspec.engine.history import LEAD_TOKENS, HistoryStore, tokenizer_identity
-from localspec.engine.suffix import SEPARATOR
+from localspec.engine.drafters.suffix_index import SEPARATOR
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import LEAD_TOKENS, HistoryStore, tokenizer_identity
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_draft_outcomes_are_scored_only_while_learning(history_file):
 
 def test_tokenizer_identity_follows_the_vocabulary_not_the_weights(make_tiny_model, tiny_target, tiny_draft):
     def identity(path):
-        return tokenizer_identity(LlamaModel(path, vocab_only=True))
+        return tokenizer_identity(Model(path, vocab_only=True))
 
     assert identity(tiny_target) == identity(tiny_draft)  # other weights, same tokenizer
     other = make_tiny_model("other-vocab", tokens=[f"<t{i}>" for i in range(300)])

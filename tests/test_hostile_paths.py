@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from localspec import paths, store
+from localspec import paths
+from localspec.store import cache as store
 from localspec.cli.app import app
 from localspec.errors import UnsafePathError
 from localspec.profiles import ModelSpec

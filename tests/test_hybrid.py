@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 
 from localspec.conversation import Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.memory import CHECKPOINT, SNAPSHOTS
-from localspec.gguf.memory import MemoryKind
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.drafting import Source
-from localspec.engine.sampling import SamplingParams
-from localspec.gguf.memory import memory_kind
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.base import Source
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.memory import CHECKPOINT, SNAPSHOTS
+from localspec.engine.llama.model import Model
+from localspec.gguf.memory import MemoryKind, memory_kind
 from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
 
 # (architecture, snapshots per pass): qwen35 and lfm2 roll back in place within their snapshots, and by
@@ -39,13 +38,13 @@ def hybrid(request, make_tiny_model):
     return arch, target, draft, {"rollback_snapshots": snapshots}
 
 
-def load(path, **options) -> LlamaModel:
-    return LlamaModel(path, n_ctx=N_CTX, n_threads=1, **options)
+def load(path, **options) -> Model:
+    return Model(path, n_ctx=N_CTX, n_threads=1, **options)
 
 
 def make_decoder(target, draft=None, *, method="auto", draft_len=None, **options) -> SpeculativeDecoder:
     """As session.open_decoder: the draft keeps no snapshots (its one-token passes leave none to use)."""
-    proposer = DraftModelProposer(lambda: load(draft), min_confidence=0.0) if draft else None
+    proposer = DraftModelDrafter(lambda: load(draft), min_confidence=0.0) if draft else None
     return SpeculativeDecoder(load(target, **options), draft=proposer, method=method, draft_len=draft_len)
 
 
@@ -119,7 +118,7 @@ def test_rollback_gives_the_logits_of_a_fresh_context(hybrid, drop):
 
 
 def test_llama_cpp_refuses_a_partial_rollback_of_a_plain_recurrent_state(make_tiny_model):
-    """The premise: seq_rm on Mamba's state fails and keeps the state. LlamaModel must then restore or
+    """The premise: seq_rm on Mamba's state fails and keeps the state. Model must then restore or
     re-evaluate, and says so in replayed_tokens."""
     path = make_tiny_model("mamba-target", architecture="mamba", seed=3, logit_scale=8.0)
     model = load(path)
@@ -222,7 +221,7 @@ def test_verification_is_bit_identical_to_one_token_steps(hybrid, k):
 
 def test_one_token_passes_leave_no_snapshots_to_roll_back_through(make_tiny_model):
     """llama.cpp accepts a snapshot rollback after one-token passes (a draft model's steps) but its
-    snapshots are of an older pass; LlamaModel must not use them."""
+    snapshots are of an older pass; Model must not use them."""
     path = make_tiny_model("qwen35-target", architecture="qwen35", seed=3, logit_scale=8.0)
     model, fresh = load(path), load(path)
     tokens = model.tokenize(PROMPT, add_bos=True)
@@ -273,7 +272,7 @@ def test_the_live_view_and_json_stats_say_how_the_state_rolls_back(hybrid, basel
 
     from rich.console import Console
 
-    from localspec.engine.text import stream_text
+    from localspec.engine.decoding.text import stream_text
     from localspec.tui import LiveView
 
     arch, target, _, options = hybrid

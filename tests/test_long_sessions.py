@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from localspec.cli import run as run_module
 from localspec.cli.app import app
 from localspec.conversation import Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.draft_model import DraftModelProposer
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.model import Model
 from localspec.errors import ContextFullError
 from localspec.tui import PrefillBar
 
@@ -36,9 +36,9 @@ TURNS = [
 
 
 def decoder(target: Path, draft: Path | None = None) -> SpeculativeDecoder:
-    proposer = DraftModelProposer(lambda: LlamaModel(draft, n_ctx=CTX, n_threads=1)) if draft else None
+    proposer = DraftModelDrafter(lambda: Model(draft, n_ctx=CTX, n_threads=1)) if draft else None
     method = "hybrid" if draft else "none"
-    return SpeculativeDecoder(LlamaModel(target, n_ctx=CTX, n_threads=1), draft=proposer, method=method)
+    return SpeculativeDecoder(Model(target, n_ctx=CTX, n_threads=1), draft=proposer, method=method)
 
 
 def answer(conversation: Conversation, text: str, **kwargs) -> str:

@@ -1,4 +1,4 @@
-"""PromptLookupProposer: exact drafts on hand-made histories, and equality with a naive rescan."""
+"""PromptLookupIndex: exact drafts on hand-made histories, and equality with a naive rescan."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.engine.lookup import (
+from localspec.engine.drafters.lookup import (
+    FOLLOW_MIN_MATCH,
     MAX_REPORTED_MATCH,
     RENAME_SEEN,
-    RESUME_WINDOW,
-    FOLLOW_MIN_MATCH,
     REPLACEMENT_CONTEXT,
+    RESUME_WINDOW,
     RESUMED_MATCH_LEN,
-    PromptLookupProposer,
+    PromptLookupIndex,
 )
 
 
@@ -152,8 +152,8 @@ def naive_propose(
     return copy_from(found[1], learned), found[0]
 
 
-def make(history: list[int], **knobs) -> PromptLookupProposer:
-    proposer = PromptLookupProposer(**knobs)
+def make(history: list[int], **knobs) -> PromptLookupIndex:
+    proposer = PromptLookupIndex(**knobs)
     proposer.extend(history)
     return proposer
 
@@ -183,7 +183,7 @@ def test_no_match_gives_nothing():
     proposer = make([1, 2, 3])
     assert proposer.propose(8) == []
     assert proposer.last_match_len == 0
-    assert PromptLookupProposer().propose(8) == []
+    assert PromptLookupIndex().propose(8) == []
 
 
 def test_suffix_never_matches_itself():
@@ -294,7 +294,7 @@ def test_max_tokens_and_max_draft_cap_the_draft():
 @pytest.mark.parametrize("knobs", [{"min_ngram": 0}, {"min_ngram": 3, "max_ngram": 2}, {"max_draft": 0}])
 def test_rejects_bad_settings(knobs):
     with pytest.raises(ValueError):
-        PromptLookupProposer(**knobs)
+        PromptLookupIndex(**knobs)
 
 
 # A small alphabet makes matches of every length common; runs of extends, truncates and proposals
@@ -316,7 +316,7 @@ knobs = st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(1, 12)).map(
 @settings(max_examples=300, deadline=None)
 @given(steps=steps, knobs=knobs)
 def test_matches_a_naive_rescan(steps, knobs):
-    proposer = PromptLookupProposer(**knobs)
+    proposer = PromptLookupIndex(**knobs)
     history: list[int] = []
     for op, arg in steps:
         if op == "extend":

@@ -8,14 +8,14 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.cli.app import app
-from localspec.engine.backend import LlamaModel
+from localspec.engine.llama.model import Model
 from localspec.gguf.memory import SNAPSHOT_ARCHITECTURES, memory_kind, speculation_note
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35", "lfm2", "mamba"])
 def test_the_table_agrees_with_llama_cpp(make_tiny_model, arch):
     path = make_tiny_model(f"memory-{arch}", architecture=arch)
-    plan = LlamaModel(path, n_ctx=128, n_threads=1, rollback_snapshots=4).memory_plan
+    plan = Model(path, n_ctx=128, n_threads=1, rollback_snapshots=4).memory_plan
     assert plan.memory == memory_kind(arch)
     assert (plan.snapshots > 0) == (arch in SNAPSHOT_ARCHITECTURES)
 

@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.conversation import Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.drafting import RoundState, Source
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.base import RoundState, Source
+from localspec.engine.llama.model import Model
 from localspec.errors import UsageError
 from tests.test_bench_stock import run_bench, stock_bin  # noqa: F401 (a fixture)
 from tests.test_decoder import ALPHA, exact_sequence_distribution, sequence_pvalue
@@ -43,7 +43,7 @@ def head_model(request, make_tiny_model):
 
 def make_decoder(path, *, method="mtp", draft_len=None, snapshots=0, min_confidence=0.0) -> SpeculativeDecoder:
     # The target alone as a user runs it: without the head, nor the hidden states it reads.
-    target = LlamaModel(path, n_ctx=N_CTX, n_threads=1, load_mtp=method != "none", rollback_snapshots=snapshots)
+    target = Model(path, n_ctx=N_CTX, n_threads=1, load_mtp=method != "none", rollback_snapshots=snapshots)
     decoder = SpeculativeDecoder(target, method=method, draft_len=draft_len)
     for drafter in decoder.drafters:
         if drafter.source == Source.MTP:
@@ -69,11 +69,11 @@ def baseline(head_model):
 
 def test_the_head_loads_only_when_asked_and_mtp_needs_one(make_tiny_model, tiny_target):
     path = mtp_model(make_tiny_model, "random-head", **HEADS["random-head"])
-    assert LlamaModel(path, n_ctx=64, load_mtp=True).mtp_layers == 1
-    assert LlamaModel(path, n_ctx=64).mtp_layers == 0
+    assert Model(path, n_ctx=64, load_mtp=True).mtp_layers == 1
+    assert Model(path, n_ctx=64).mtp_layers == 0
     with pytest.raises(UsageError, match="method mtp needs the target's own MTP head"):
-        SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=64, load_mtp=True), method="mtp")
-    assert all(d.source != Source.MTP for d in SpeculativeDecoder(LlamaModel(path, n_ctx=64)).drafters)
+        SpeculativeDecoder(Model(tiny_target, n_ctx=64, load_mtp=True), method="mtp")
+    assert all(d.source != Source.MTP for d in SpeculativeDecoder(Model(path, n_ctx=64)).drafters)
 
 
 def test_a_head_that_agrees_by_construction_has_every_greedy_draft_accepted(make_tiny_model):
@@ -153,7 +153,7 @@ def test_three_turn_chat_and_an_early_stop_equal_the_target_alone(head_model):
 
 def test_sampled_output_follows_the_target_distribution(make_tiny_model):
     path = mtp_model(make_tiny_model, "spread-head", seed=5, logit_scale=2.0, trunk_scale=0.4, mtp_agrees=True)
-    prompt = LlamaModel(path, vocab_only=True).tokenize("hello world", add_bos=True)
+    prompt = Model(path, vocab_only=True).tokenize("hello world", add_bos=True)
     dist = exact_sequence_distribution(path, prompt)
     pvalue, drafted, accepted = sequence_pvalue(make_decoder(path, draft_len=2), prompt, dist)
     assert pvalue > ALPHA
@@ -241,7 +241,7 @@ def test_greedy_output_on_moe_targets_equals_target_alone(make_tiny_model, arch,
     Qwen3-Coder-30B-A3B's (attention, experts)."""
     extra = dict(mtp=True, mtp_agrees=True, trunk_scale=0.4) if arch == "qwen35moe" else dict(head_dim=32)
     path = make_tiny_model(f"{arch}-target", architecture=arch, **MOE, **extra)
-    prompt = LlamaModel(path, vocab_only=True).tokenize(PROMPT, add_bos=True)
+    prompt = Model(path, vocab_only=True).tokenize(PROMPT, add_bos=True)
     expected = generate(make_decoder(path, method="none"), prompt)
     for method in methods:
         decoder = make_decoder(path, method=method, draft_len=3 if method != "auto" else None)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from localspec import paths
-from localspec.engine.backend import LlamaModel
-from localspec.engine.pass_costs import MAX_ENTRIES, PassCostMemory
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.pass_costs import MAX_ENTRIES, PassCostMemory
 from localspec.session import ModelOptions, Pair, open_decoder, remember_pass_costs
 
 
@@ -75,7 +75,7 @@ def test_a_session_remembers_its_pass_costs_for_the_next(tiny_target):
     second = open_decoder(pair, options, method="lookup", history=False)
     assert second.controller.costs.relative_costs() == pytest.approx(memory.load())
     # Another thread count prices passes differently: it starts from nothing.
-    other = LlamaModel(tiny_target, n_ctx=256, n_threads=2)
+    other = Model(tiny_target, n_ctx=256, n_threads=2)
     assert PassCostMemory(paths.pass_costs_file(), other.cost_identity()).load() == {}
 
 
@@ -83,7 +83,7 @@ def test_a_decoder_that_measured_nothing_does_not_write_back_a_stale_cost(tiny_t
     """A bench saves each of its decoders' costs in turn: `none`, which passes only one token at a time,
     used to write the remembered 5-token cost back over what `lookup` had just measured of it."""
     pair, options = Pair(tiny_target, None, "tiny"), ModelOptions(n_ctx=256, threads=1)
-    probe = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
     memory = PassCostMemory(paths.pass_costs_file(), probe.cost_identity())
     memory.save({5: 99.0})  # stale: no 5-token pass costs 99 one-token passes
     drafting = open_decoder(pair, options, method="lookup", draft_len=4, history=False)

@@ -25,9 +25,9 @@ import openai
 import pytest
 
 from localspec import paths
-from localspec.engine.backend import LlamaModel
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.llama.model import Model
 from localspec.gguf.memory import MemoryKind
-from localspec.engine.sampling import SamplingParams
 from localspec.prompt_cache import SUFFIX, PromptCache, usable_prefix
 from localspec.server.worker import GenerationWorker
 from localspec.session import ModelOptions, Pair, open_decoder
@@ -41,15 +41,15 @@ TEXTS = ["hello world the code print x", "the code print hello world", "print x 
 BIG = 2**30
 
 
-def load(path, *, n_ctx: int = N_CTX, **options) -> LlamaModel:
-    return LlamaModel(path, n_ctx=n_ctx, n_threads=1, **options)
+def load(path, *, n_ctx: int = N_CTX, **options) -> Model:
+    return Model(path, n_ctx=n_ctx, n_threads=1, **options)
 
 
-def tokens_of(model: LlamaModel, text: str) -> list[int]:
+def tokens_of(model: Model, text: str) -> list[int]:
     return model.tokenize(f"{SYSTEM}\n{text}", add_bos=True)
 
 
-def prefill(model: LlamaModel, prompt: list[int]) -> np.ndarray:
+def prefill(model: Model, prompt: list[int]) -> np.ndarray:
     """The last logits of ``prompt``, reusing what the model holds, as SpeculativeDecoder.generate does."""
     keep = min(model.common_prefix(prompt), len(prompt) - 1)
     model.rollback(keep)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.controller import Controller
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.drafters import DRAFTERS, DrafterInputs, make_drafters
-from localspec.engine.drafting import COPY, FORCED, MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.history import HistoryStore, SuffixDrafter
-from localspec.engine.lookup import LookupDrafter
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.base import COPY, FORCED, MODEL, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.drafters.lookup import LookupDrafter
+from localspec.engine.drafters.registry import DRAFTERS, DrafterInputs, make_drafters
+from localspec.engine.drafters.suffix import SuffixDrafter
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
+from localspec.engine.planner.controller import Controller
 
 GREEDY = SamplingParams()
 
@@ -33,10 +34,10 @@ def test_every_source_but_the_target_has_one_registered_drafter_with_its_pricing
 
 
 def test_which_drafters_a_decoder_gets_depends_on_what_it_has(tiny_target, tiny_draft):
-    target = LlamaModel(tiny_target, n_ctx=256, n_threads=1)
+    target = Model(tiny_target, n_ctx=256, n_threads=1)
     bare = [d.source for d in make_drafters(DrafterInputs(target))]
     assert bare == [Source.GRAMMAR, Source.LOOKUP]
-    draft = DraftModelProposer(lambda: LlamaModel(tiny_draft, n_ctx=256, n_threads=1))
+    draft = DraftModelDrafter(lambda: Model(tiny_draft, n_ctx=256, n_threads=1))
     full = make_drafters(DrafterInputs(target, draft, HistoryStore(None)))
     assert [d.source for d in full] == [Source.GRAMMAR, Source.LOOKUP, Source.SUFFIX, Source.DRAFT]
     assert not draft.loaded  # making drafters loads nothing: auto may never draft with the model
@@ -76,8 +77,8 @@ def test_suffix_drafter_learns_answers_and_outcomes_in_memory_only(localspec_hom
 
 
 def test_the_draft_models_offer_counts_its_catch_up_only_when_asked(tiny_target, tiny_draft):
-    draft = DraftModelProposer(lambda: LlamaModel(tiny_draft, n_ctx=256, n_threads=1), min_confidence=0.0)
-    context = LlamaModel(tiny_target, vocab_only=True).tokenize("hello world the code", add_bos=True)
+    draft = DraftModelDrafter(lambda: Model(tiny_draft, n_ctx=256, n_threads=1), min_confidence=0.0)
+    context = Model(tiny_target, vocab_only=True).tokenize("hello world the code", add_bos=True)
     offer = draft.offer(state(context, limit=4))
     assert offer.available == 4 and not draft.loaded
     made = draft.draft(offer, 3, state(context))
@@ -108,10 +109,10 @@ class Oracle(BaseDrafter):
 
 @pytest.mark.parametrize("method", ["lookup", "auto"])
 def test_the_decoder_drives_any_drafter_and_keeps_the_target_output(tiny_target, method):
-    plain = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=256, n_threads=1), method="none")
+    plain = SpeculativeDecoder(Model(tiny_target, n_ctx=256, n_threads=1), method="none")
     prompt = plain.target.tokenize("hello world the code", add_bos=True)
     expected = [t for step in plain.generate(prompt, max_tokens=40) for t in step.tokens]
-    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=256, n_threads=1), method=method)
+    decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=256, n_threads=1), method=method)
     oracle = Oracle(prompt, expected)
     decoder.drafters = [oracle]
     for _ in range(2):  # the first answer measures the one-token passes auto prices drafts against

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from localspec.conversation import Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.history import HistoryStore
-from localspec.engine.draft_model import DraftModelProposer
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
 
 pytestmark = pytest.mark.real
 
@@ -44,8 +44,8 @@ METHODS = [("lookup", None), ("draft", 3), ("hybrid", 4), ("auto", None)]
 @pytest.fixture(scope="module")
 def real_models(qwen_pair):
     target_path, draft_path = qwen_pair
-    target = LlamaModel(target_path, n_ctx=2048, n_threads=2)
-    draft = DraftModelProposer(lambda: LlamaModel(draft_path, n_ctx=2048, n_threads=2))
+    target = Model(target_path, n_ctx=2048, n_threads=2)
+    draft = DraftModelDrafter(lambda: Model(draft_path, n_ctx=2048, n_threads=2))
     return target, draft
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
+from localspec.engine.decoding.sampling import ProbabilityRows, SamplingParams, probabilities, sample
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.06, 0.04], dtype=np.float32))
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)

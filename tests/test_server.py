@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.cli.app import app as cli_app
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.sampling import SamplingParams
 from localspec.prompt_cache import PromptCache
 from localspec.server.app import LocalServer, make_app
 from localspec.server.request import GenerationRequest

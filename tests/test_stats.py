@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.engine.stats import GenerationStats, Idle, judged
+from localspec.engine.decoding.stats import GenerationStats, Idle, judged
 
 
 def _recorded(rounds: list[tuple[str, int, int]], tokens: int) -> GenerationStats:

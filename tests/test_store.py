@@ -9,7 +9,8 @@ from collections import namedtuple
 
 import pytest
 
-from localspec import paths, store
+from localspec import paths
+from localspec.store import cache as store
 from localspec.store import cache
 from localspec.errors import StoreError, UsageError
 from localspec.profiles import ModelSpec

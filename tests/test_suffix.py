@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.suffix import DEFAULT_MAX_OCCURRENCES, MIN_MERGE_TOKENS, SuffixIndex
+from localspec.engine.drafters.suffix_index import DEFAULT_MAX_OCCURRENCES, MIN_MERGE_TOKENS, SuffixIndex
 
 
 def make_index(*answers, **knobs) -> SuffixIndex:

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.text import STOP_STRING, stream_text
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.text import STOP_STRING, stream_text
+from localspec.engine.llama.model import Model
 
 
 def _pieces(tiny_target, stop=()):
-    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=256, n_threads=1), method="lookup")
+    decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=256, n_threads=1), method="lookup")
     prompt = decoder.target.tokenize("hello world the code", add_bos=True)
     return list(stream_text(decoder.target, decoder.generate(prompt, max_tokens=40), stop=stop)), decoder
 
@@ -33,7 +33,7 @@ def test_output_ends_before_the_first_stop_string(tiny_target):
 def test_a_stop_string_in_the_round_that_ends_the_budget_is_still_the_reason(tiny_target):
     """The round that emits the stop string may also use up the token budget: the decoder then says
     "length", and its stream says "stop_string" instead."""
-    decoder = SpeculativeDecoder(LlamaModel(tiny_target, n_ctx=256, n_threads=1), method="none")
+    decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=256, n_threads=1), method="none")
     prompt = decoder.target.tokenize("hello world the code", add_bos=True)
     budget = 20
     full = "".join(piece.text for piece in decoder.stream(prompt, max_tokens=budget))

@@ -10,7 +10,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from localspec.engine.backend import LlamaModel
+from localspec.engine.llama.model import Model
 from tests.tiny_models import TinySpec, write_tiny_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_hybrid_model.py"
@@ -24,14 +24,14 @@ def load_script():
 
 
 def next_token_logits(path: Path, tokens: list[int]) -> np.ndarray:
-    model = LlamaModel(path, n_ctx=256)
+    model = Model(path, n_ctx=256)
     try:
         return model.eval(tokens, n_logits=1)[-1].copy()
     finally:
         model.close()
 
 
-def n_rs_seq_granted(model: LlamaModel, asked: int) -> int:
+def n_rs_seq_granted(model: Model, asked: int) -> int:
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_rs_seq = 256, asked
     ctx = llama_cpp.llama_init_from_model(model._model.model, params)
@@ -49,7 +49,7 @@ def test_each_recurrent_architecture_loads_computes_and_keeps_the_rollback_llama
     tmp_path, architecture, recurrent, hybrid, rollback
 ):
     path = write_tiny_model(tmp_path / "model.gguf", TinySpec(architecture=architecture))
-    model = LlamaModel(path, n_ctx=256)
+    model = Model(path, n_ctx=256)
     try:
         assert llama_cpp.llama_model_is_recurrent(model._model.model) is recurrent
         assert llama_cpp.llama_model_is_hybrid(model._model.model) is hybrid
@@ -68,7 +68,7 @@ def test_the_qwen35_0_8b_shaped_script_writes_a_loadable_hybrid_at_a_tiny_size(t
     script = load_script()
     spec = script.qwen35_0_8b_spec(layers=4, embd=64, vocab=512)
     path = script.make_hybrid_model(tmp_path / "hybrid.gguf", spec)
-    model = LlamaModel(path, n_ctx=256)
+    model = Model(path, n_ctx=256)
     try:
         assert llama_cpp.llama_model_is_hybrid(model._model.model)
         assert (model.n_vocab, llama_cpp.llama_model_n_layer(model._model.model)) == (512, 4)

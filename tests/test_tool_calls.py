@@ -6,12 +6,23 @@ import json
 
 import pytest
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.constraints import GrammarConstraint, compact_json
+from localspec.engine.decoding.constraints import GrammarConstraint, compact_json
+from localspec.engine.llama.model import Model
 from localspec.errors import UsageError
 from localspec.tool_calls import (
-    GENERIC, HERMES, LLAMA3, MISTRAL, QWEN3_CODER, CallDelta, TextDelta, ToolCallParser, call_grammar,
-    collect_calls, detect_syntax, fits_schema, generic_tool_messages,
+    GENERIC,
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    QWEN3_CODER,
+    CallDelta,
+    TextDelta,
+    ToolCallParser,
+    call_grammar,
+    collect_calls,
+    detect_syntax,
+    fits_schema,
+    generic_tool_messages,
 )
 from tests.tiny_models import CHAT_TEMPLATE, QWEN_TOOLS_TEMPLATE
 
@@ -193,7 +204,7 @@ def coder_call(name: str, arguments: dict) -> str:
 def vocabulary(make_tiny_model):
     """A tiny model's tokenizer, without SentencePiece's leading space, so a text tokenizes as written."""
     path = make_tiny_model("plain-vocab", extra={"tokenizer.ggml.add_space_prefix": False})
-    return LlamaModel(path, vocab_only=True)
+    return Model(path, vocab_only=True)
 
 
 def follows(model, grammar: str, text: str) -> bool:

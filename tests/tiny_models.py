@@ -605,7 +605,7 @@ def quantize_tiny_model(source: Path, path: Path, ftype: str, *, threads: int = 
     """``source`` quantized by llama.cpp's own quantizer to ``ftype`` ("Q4_K_M", "Q6_K", ...: a
     ``LLAMA_FTYPE_MOSTLY_*`` name), as real GGUFs are, on ``threads`` threads (0: every core). K-quants need
     rows of a multiple of 256 columns."""
-    from localspec.engine.library import load_llama_cpp
+    from localspec.engine.llama.library import load_llama_cpp
 
     llama_cpp = load_llama_cpp()  # its log quiet unless LOCALSPEC_DEBUG is set
     params = llama_cpp.llama_model_quantize_default_params()

@@ -58,7 +58,7 @@ from pathlib import Path
 from statistics import fmean, median
 
 from localspec.bench.runner import BASELINE, BenchResult, Config, PromptRecord
-from localspec.engine.stats import GenerationStats
+from localspec.engine.decoding.stats import GenerationStats
 from localspec.errors import UsageError
 
 SCHEMA = "localspec-bench/1"

@@ -36,13 +36,14 @@ from typing import TypeVar
 
 from localspec.bench.workloads import BenchPrompt
 from localspec.conversation import TEMPLATE_KEY, Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.controller import Controller
-from localspec.engine.decoder import SpeculativeDecoder, Step
-from localspec.engine.estimates import expected_tokens
-from localspec.engine.history import HistoryStore
-from localspec.engine.sampling import SamplingParams
-from localspec.engine.stats import GenerationStats, judged
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.decoding.stats import GenerationStats, judged
+from localspec.engine.decoding.text import Step
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
+from localspec.engine.planner.controller import Controller
+from localspec.engine.planner.estimates import expected_tokens
 
 T = TypeVar("T")
 
@@ -268,7 +269,7 @@ class BenchRunner:
             ):
                 pass
 
-    def _models(self, config: Config) -> list[LlamaModel]:
+    def _models(self, config: Config) -> list[Model]:
         decoder = self.decoders[config]
         draft = decoder.draft
         return [decoder.target] + ([draft.model] if draft is not None and draft.loaded else [])

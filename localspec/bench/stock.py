@@ -73,8 +73,8 @@ from localspec.bench.runner import (
     measuring_order,
 )
 from localspec.bench.workloads import BenchPrompt
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.llama.model import Model
 from localspec.errors import LocalspecError, UsageError
 
 SCHEMA = "localspec-bench-stock/1"
@@ -320,7 +320,7 @@ class StockComparison:
         settings: StockSettings,
         progress: ProgressCallback | None = None,
     ) -> None:
-        self.target: LlamaModel = decoder.target
+        self.target: Model = decoder.target
         self.draft_model = decoder.draft
         self.tools = tools
         self.target_path = target

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from localspec import paths
@@ -32,7 +32,7 @@ from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import add_columns, err, out
-from localspec.engine.controller import HEAD_METHODS, METHODS, check_method
+from localspec.engine.planner.controller import HEAD_METHODS, METHODS, check_method
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
 

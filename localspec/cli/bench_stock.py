@@ -19,7 +19,7 @@ from localspec.bench.runner import Config, ProgressCallback
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli import options as o
 from localspec.cli.console import add_columns, err, out
-from localspec.engine.controller import check_method
+from localspec.engine.planner.controller import check_method
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
 

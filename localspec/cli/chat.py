@@ -22,8 +22,8 @@ from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
-from localspec.engine.controller import check_method
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.planner.controller import check_method
 from localspec.errors import LocalspecError, UsageError
 from localspec.tui import LiveView, stats_table
 

@@ -12,7 +12,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from localspec import store
+from localspec.store import cache as store
 
 # Off a terminal (pipes, files, CI logs) tables and prose fit this width, as logs and diffs are read.
 PIPE_WIDTH = 100

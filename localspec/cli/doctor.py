@@ -8,13 +8,15 @@ from pathlib import Path
 
 import typer
 
-from localspec import __version__, paths, store
+from localspec import __version__, paths
+from localspec.store import cache as store
 from localspec.cli.console import err, format_size, out
-from localspec.engine import kernels, machine
+from localspec.engine.llama import kernels, machine
 from localspec.errors import GGUFError
 from localspec.gguf.header import read_header
 from localspec.gguf.heads import model_heads
 from localspec.gguf.memory import architecture, speculation_note
+
 
 def doctor_command() -> None:
     """Report versions, GPU offload, CPU features, AMX risk, the model cache and free disk; exit 1 if unusable."""
@@ -37,7 +39,7 @@ def _report_llama(cpu_flags: list[str]) -> bool:
     out.prose(f"llama.cpp build: {build.system_info}")
     out.prose(f"GPU offload: {build.gpu_offload or 'none (CPU only)'}")
     if "LLAMAFILE = 1" in build.system_info:
-        # Verification batches then sum in another order than one-token steps (engine/kernels.py).
+        # Verification batches then sum in another order than one-token steps (engine/llama/kernels.py).
         err.prose(
             "[bold yellow]warning: this build uses llamafile's sgemm, so greedy speculative output can differ "
             "from target-alone output in near-tie tokens; run scripts/setup to rebuild with GGML_LLAMAFILE=OFF[/]",

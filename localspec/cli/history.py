@@ -9,8 +9,8 @@ from rich.table import Table
 from localspec import paths
 from localspec.cli.console import err, format_size, out
 from localspec.cli.listing import listing_group
-from localspec.engine import history
-from localspec.engine.suffix import SEPARATOR
+from localspec.engine.drafters.suffix_index import SEPARATOR
+from localspec.engine.persist import history
 
 
 def _list(json_output: bool) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable, Iterator
 
-from localspec.engine.text import TextPiece
+from localspec.engine.decoding.text import TextPiece
 
 
 class CtrlC:

@@ -18,10 +18,10 @@ from typing import Annotated, Optional
 import typer
 
 from localspec.cli.console import rich_progress
-from localspec.engine.memory import DEFAULT_ROLLBACK_SNAPSHOTS
-from localspec.engine.controller import check_method
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
+from localspec.engine.planner.controller import check_method
 from localspec.profiles import DEFAULT_PROFILE, Defaults
 from localspec.session import ModelOptions, Pair, ensure_compatible, open_decoder, resolve_pair
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from localspec import store
+from localspec.store import cache as store
 from localspec.cli.console import err, out, rich_progress
 from localspec.errors import IncompatibleError, UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from localspec.engine.stats import GenerationStats
+from localspec.engine.decoding.stats import GenerationStats
 from localspec.server.reasoning import ReasoningDelta
 from localspec.tool_calls import ToolCall, collect_calls
 

@@ -18,10 +18,10 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 
 from localspec.conversation import TEMPLATE_KEY, Conversation
-from localspec.engine.backend import LlamaModel
-from localspec.engine.decoder import SpeculativeDecoder
-from localspec.engine.sampling import SamplingParams
-from localspec.engine.stats import GenerationStats
+from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.decoding.stats import GenerationStats
+from localspec.engine.llama.model import Model
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
 from localspec.gguf.memory import MemoryKind
 from localspec.prompt_cache import PromptCache, Restored
@@ -29,8 +29,16 @@ from localspec.server.reasoning import THINK_OPEN, ReasoningDelta, ReasoningSpli
 from localspec.server.request import APIError, GenerationRequest
 from localspec.server.results import cached_tokens
 from localspec.tool_calls import (
-    GENERIC, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, CallDelta, TextDelta, ToolCallParser, call_grammar,
-    detect_syntax, generic_tool_messages,
+    GENERIC,
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    MISTRAL_OPEN,
+    CallDelta,
+    TextDelta,
+    ToolCallParser,
+    call_grammar,
+    detect_syntax,
+    generic_tool_messages,
 )
 
 DEFAULT_MAX_QUEUE = 8
@@ -188,7 +196,7 @@ class GenerationWorker:
         if draft is not None and draft.loaded:
             self._keep(draft.model)
 
-    def _keep(self, model: LlamaModel) -> None:
+    def _keep(self, model: Model) -> None:
         if self.prompt_cache is None:
             return
         try:
@@ -255,8 +263,11 @@ class GenerationWorker:
         if request.json_schema is None and request.tool_choice not in ("required", "function"):
             return None
         # Imported here: llguidance loads only once a request asks for constrained output.
-        from localspec.engine.constraints import (
-            GrammarConstraint, compact_json, json_schema_grammar, special_token_forms,
+        from localspec.engine.decoding.constraints import (
+            GrammarConstraint,
+            compact_json,
+            json_schema_grammar,
+            special_token_forms,
         )
 
         model = self.decoder.target

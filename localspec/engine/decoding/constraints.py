@@ -21,16 +21,15 @@ import llguidance
 import llguidance.llamacpp
 import numpy as np
 
-from localspec.engine.backend import LlamaModel
+from localspec.engine.llama.model import Model
 from localspec.errors import GrammarError
-
 
 # The separators templates write (their tojson is json.dumps), and no other whitespace.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(model: LlamaModel) -> llguidance.LLTokenizer:
+def _tokenizer(model: Model) -> llguidance.LLTokenizer:
     # About a second for a 150k-token vocabulary, so built once per model. It calls the binding's deprecated
     # llama_token_get_attr once per token: one warning per token would drown a test run's output.
     with warnings.catch_warnings():
@@ -53,7 +52,7 @@ def json_schema_grammar(schema: dict) -> str:
     return f"start: %json {compact_json(schema)}"
 
 
-def special_token_forms(model: LlamaModel, texts: Sequence[str]) -> dict[str, str]:
+def special_token_forms(model: Model, texts: Sequence[str]) -> dict[str, str]:
     """Of ``texts``, those that are one special token of ``model``, mapped to llguidance's ``<[id]>`` form."""
     tokenizer = _tokenizer(model)
     forms = {}
@@ -84,7 +83,7 @@ class GrammarConstraint:
         GrammarError: the grammar (or a JSON schema in it) cannot be built; the message says why.
     """
 
-    def __init__(self, model: LlamaModel, grammar: str) -> None:
+    def __init__(self, model: Model, grammar: str) -> None:
         self._tokenizer = _tokenizer(model)
         self._matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if self._matcher.is_error():

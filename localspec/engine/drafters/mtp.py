@@ -2,7 +2,7 @@
 
 The head reads the token at position p and the target's last hidden state at p - 1 and guesses the token
 at p + 2; its KV cache (``MtpHead``) holds one entry per context position, and the target keeps its hidden
-states per position (``LlamaModel.hidden``). The round (lazy catch-up, chained steps on the head's own
+states per position (``Model.hidden``). The round (lazy catch-up, chained steps on the head's own
 hidden state, entries taken back) is every chained head's (``ChainedHeadDrafter``).
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.engine.backend import LlamaModel, MtpHead
-from localspec.engine.costs import output_share
-from localspec.engine.drafting import Source
-from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, ChainedHeadDrafter
+from localspec.engine.drafters.base import Source
+from localspec.engine.drafters.model_drafting import HEAD_MIN_CONFIDENCE, ChainedHeadDrafter
+from localspec.engine.llama.heads import MtpHead
+from localspec.engine.llama.model import Model
+from localspec.engine.planner.costs import output_share
 
 # Prior acceptance of a head's draft token until measured (reported first-token rates for Qwen3.5/3.6 and
 # DeepSeek-V3 heads run 0.7-0.9; chained steps fare worse).
@@ -26,7 +27,7 @@ class MtpDrafter(ChainedHeadDrafter):
     source = Source.MTP
     prior = {1: PRIOR_MTP_ACCEPTANCE}
 
-    def __init__(self, target: LlamaModel, *, min_confidence: float = HEAD_MIN_CONFIDENCE) -> None:
+    def __init__(self, target: Model, *, min_confidence: float = HEAD_MIN_CONFIDENCE) -> None:
         target.capture_hidden()
         self.target = target
         self.head = MtpHead(target)
@@ -35,7 +36,7 @@ class MtpDrafter(ChainedHeadDrafter):
 
     @classmethod
     def make(cls, inputs) -> MtpDrafter | None:
-        from localspec.engine.controller import method_uses  # the controller prices the drafters
+        from localspec.engine.planner.controller import method_uses  # the controller prices the drafters
 
         # Keeping hidden states changes the target's prompt passes, so a method without the head goes without.
         if not method_uses(inputs.method, cls.source) or unsupported_heads(inputs.target.mtp_layers):
@@ -58,7 +59,7 @@ def unsupported_heads(layers: int) -> str | None:
     return None
 
 
-def head_cost_ratio(target: LlamaModel) -> float:
+def head_cost_ratio(target: Model) -> float:
     """A head step's cost relative to a target step, from the shapes, until measured: one block of the
     trunk's and the output projection, which on a small model with a large vocabulary is most of a pass."""
     share = output_share(target.n_vocab, target.n_embd_out, target.n_params)

@@ -1,7 +1,7 @@
 """How a loaded model's memory rolls back: the plan the controller prices and people read.
 
 The kinds of memory are ``gguf.memory.MemoryKind`` (one enum: ``check`` reads it from a header, a loaded
-model asks llama.cpp); ``LlamaModel.rollback`` carries the plan out.
+model asks llama.cpp); ``Model.rollback`` carries the plan out.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localspec.engine.backend import LlamaModel
+from localspec.engine.llama.model import Model
 from localspec.errors import GGUFError, LocalspecError
 
 
@@ -17,7 +17,7 @@ class VocabOnlyTokenizer:
 
     def __init__(self, path: str | Path) -> None:
         try:
-            self._model = LlamaModel(path, vocab_only=True)
+            self._model = Model(path, vocab_only=True)
         except LocalspecError as exc:
             raise GGUFError(f"llama.cpp could not load the vocabulary of {path}: {exc}") from None
 

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.drafting import COPY, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.suffix import SEPARATOR, SuffixIndex
+from localspec.engine.drafters.suffix_index import SEPARATOR, SuffixIndex
+from localspec.engine.llama.model import Model
 from localspec.paths import temp_beside
 
 # A million tokens (thousands of answers): a file of 4 MB, about 17 MB in memory, read and indexed in
@@ -35,7 +34,7 @@ _HEADER = struct.Struct("<8sQI")
 _PRIVATE_DIR = 0o700
 
 
-def tokenizer_identity(model: LlamaModel) -> str:
+def tokenizer_identity(model: Model) -> str:
     """A name for a model's tokenizer: models that share it share a history (a target and its draft, say).
 
     It digests the tokenizer's kind, the vocabulary size and every 64th token's bytes plus the last 512
@@ -105,47 +104,6 @@ class HistoryStore:
                 os.replace(tmp, self.path)
         except OSError:
             pass
-
-
-# Suffix decoding copies earlier answers, priced like lookup by the length of the match its occurrences
-# share with the context, but from a store that holds other requests' answers: a short match there is
-# likelier chance than in the current conversation, so its priors start lower.
-PRIOR_SUFFIX_ACCEPTANCE = {1: 0.1, 4: 0.4, 8: 0.7, 16: 0.85, 32: 0.95}
-
-
-class SuffixDrafter(BaseDrafter):
-    """Suffix decoding as a drafter: offers the continuation earlier answers best support; tells the
-    history how each draft fared, and hands it the answer at the end."""
-
-    source = Source.SUFFIX
-    kind = COPY
-    prior = PRIOR_SUFFIX_ACCEPTANCE
-
-    def __init__(self, history: HistoryStore) -> None:
-        self.history = history
-        self._prompt: Sequence[int] = ()
-
-    @classmethod
-    def make(cls, inputs) -> SuffixDrafter | None:
-        return None if inputs.history is None else cls(inputs.history)
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self._prompt = prompt
-
-    def offer(self, state: RoundState) -> Offer | None:
-        draft = self.history.index.propose(state.context, state.limit)
-        if not draft.tokens:
-            return None
-        return Offer(self.source, len(draft.tokens), draft.match_len, draft.tokens, sources=draft.sources)
-
-    def draft(self, offer: Offer, k: int, state: RoundState) -> Draft:
-        return Draft(list(offer.tokens[:k]), None, self.source)
-
-    def judged(self, offer: Offer, draft: Draft, accepted: int) -> None:
-        self.history.record(offer.sources[: len(draft.tokens)], accepted)
-
-    def end(self, context: Sequence[int]) -> None:
-        self.history.add(self._prompt, context[len(self._prompt) :])
 
 
 def read_tokens(path: Path) -> np.ndarray:

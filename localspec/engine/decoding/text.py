@@ -5,16 +5,23 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from localspec.engine.backend import LlamaModel
-
-if TYPE_CHECKING:
-    from localspec.engine.decoder import Step
-
+from localspec.engine.drafters.base import Source
+from localspec.engine.llama.model import Model
 
 # GenerationStats.stop_reason when a stop string ended the answer (SpeculativeDecoder.stream sets it).
 STOP_STRING = "stop_string"
+
+
+@dataclass
+class Step:
+    """What one round emitted."""
+
+    tokens: list[int]
+    sources: list[Source]  # per token
+    method: str  # the source drafted from, or TARGET_ALONE
+    drafted: int
+    accepted: int
 
 
 @dataclass
@@ -25,7 +32,7 @@ class TextPiece:
     stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 
 
-def stream_text(model: LlamaModel, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
+def stream_text(model: Model, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
     """Turn decoder steps into text pieces, ending at the first stop string (which is not emitted).
 
     Text that could be the start of a stop string is held back until it is known not to be one. When a

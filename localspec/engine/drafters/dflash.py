@@ -1,7 +1,7 @@
 """The DFlash drafter: a companion head drafts a whole block of tokens in one pass.
 
 A DFlash head keeps, per context position, keys and values made from the target's layer inputs there
-(the target keeps them per position: ``LlamaModel.features``), injected lazily when it drafts. A draft is
+(the target keeps them per position: ``Model.features``), injected lazily when it drafts. A draft is
 one pass of the head over [the last context token, mask x k]: the block's rows attend to every entry and
 to each other, and each mask row's logits give one draft token (``DFlashHead``). The block is taken back
 at once, so the head never holds a guess. Rollbacks of the target need nothing here: entries are judged
@@ -15,9 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from time import perf_counter
 
-from localspec.engine.backend import DFlashHead, LlamaModel
-from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import HEAD_MIN_CONFIDENCE, companion_cost_ratio, companion_file, draw_draft
+from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.model_drafting import (
+    HEAD_MIN_CONFIDENCE,
+    companion_cost_ratio,
+    companion_file,
+    draw_draft,
+)
+from localspec.engine.llama.heads import DFlashHead
+from localspec.engine.llama.model import Model
 from localspec.gguf.heads import HeadFile
 
 # Prior acceptance of a draft token until measured, as for an EAGLE-3 head: a block's first positions are
@@ -33,7 +39,7 @@ class DFlashDrafter(BaseDrafter):
     block = True
     prior = {1: PRIOR_DFLASH_ACCEPTANCE}
 
-    def __init__(self, target: LlamaModel, head: HeadFile) -> None:
+    def __init__(self, target: Model, head: HeadFile) -> None:
         target.capture_layer_inputs(head.layers)
         self.target = target
         self.head = DFlashHead(head.path, target, len(head.layers) * target.n_embd,

@@ -1,7 +1,7 @@
 """The EAGLE-3 drafter: a companion head file beside the target drafts from the target's own layer inputs.
 
 An EAGLE-3 head reads, at every position, the inputs of three target layers side by side (the target keeps
-them per position: ``LlamaModel.features``), encodes them into one row g, and builds its KV entry for the
+them per position: ``Model.features``), encodes them into one row g, and builds its KV entry for the
 next token from that token and g (``Eagle3Head``): entry e is the token at e + 1 with g at e, as llama.cpp's
 own loop lays them out. The round (lazy catch-up, chained steps, entries taken back) is every chained
 head's (``ChainedHeadDrafter``).
@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.engine.backend import Eagle3Head, LlamaModel
-from localspec.engine.drafting import Source
-from localspec.engine.model_drafting import ChainedHeadDrafter, companion_cost_ratio, companion_file
+from localspec.engine.drafters.base import Source
+from localspec.engine.drafters.model_drafting import ChainedHeadDrafter, companion_cost_ratio, companion_file
+from localspec.engine.llama.heads import Eagle3Head
+from localspec.engine.llama.model import Model
 from localspec.gguf.heads import HeadFile
 
 # Prior acceptance of a head's draft token until measured (EAGLE-3 reports 0.6-0.8 for its first token on
@@ -29,7 +30,7 @@ class Eagle3Drafter(ChainedHeadDrafter):
     source = Source.EAGLE3
     prior = {1: PRIOR_EAGLE3_ACCEPTANCE}
 
-    def __init__(self, target: LlamaModel, head: HeadFile) -> None:
+    def __init__(self, target: Model, head: HeadFile) -> None:
         target.capture_layer_inputs(head.layers)
         self.target = target
         self.head = Eagle3Head(head.path, target, features=len(head.layers) * target.n_embd)

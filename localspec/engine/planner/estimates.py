@@ -13,7 +13,7 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 
-from localspec.engine.stats import judged
+from localspec.engine.decoding.stats import judged
 
 # How many rounds' worth of belief a prior carries.
 PRIOR_WEIGHT = 3.0

@@ -12,40 +12,28 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localspec.engine.acceptance import verify_greedy, verify_sampled
-from localspec.engine.backend import LlamaModel
-from localspec.engine.controller import HEAD_METHODS, Controller, Plan, method_uses
-from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO, output_share
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.drafters import DrafterInputs, make_drafters
-from localspec.engine.drafting import FORCED, MODEL, NO_DRAFT, TARGET_ALONE, BaseDrafter, Draft, RoundState, Source
-from localspec.engine.history import HistoryStore
-from localspec.engine.mtp import unsupported_heads
-from localspec.engine.sampling import ProbabilityRows, SamplingParams, probabilities, sample
-from localspec.engine.stats import GenerationStats, Idle
-from localspec.engine.text import STOP_STRING, TextPiece, stream_text
+from localspec.engine.decoding.acceptance import verify_greedy, verify_sampled
+from localspec.engine.decoding.sampling import ProbabilityRows, SamplingParams, probabilities, sample
+from localspec.engine.decoding.stats import GenerationStats, Idle
+from localspec.engine.decoding.text import STOP_STRING, Step, TextPiece, stream_text
+from localspec.engine.drafters.base import FORCED, MODEL, NO_DRAFT, TARGET_ALONE, BaseDrafter, Draft, RoundState, Source
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.drafters.mtp import unsupported_heads
+from localspec.engine.drafters.registry import DrafterInputs, make_drafters
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
+from localspec.engine.planner.controller import HEAD_METHODS, Controller, Plan, method_uses
+from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, output_share
 from localspec.errors import PromptTooLong, UsageError
 from localspec.gguf.heads import COMPANION_ARCHITECTURES, HeadFile
 
 if TYPE_CHECKING:  # llguidance loads only for generations that use a grammar
-    from localspec.engine.constraints import GrammarConstraint
-
-
-@dataclass
-class Step:
-    """What one round emitted."""
-
-    tokens: list[int]
-    sources: list[Source]  # per token
-    method: str  # the source drafted from, or TARGET_ALONE
-    drafted: int
-    accepted: int
+    from localspec.engine.decoding.constraints import GrammarConstraint
 
 
 class SpeculativeDecoder:
@@ -64,9 +52,9 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        target: LlamaModel,
+        target: Model,
         *,
-        draft: DraftModelProposer | None = None,
+        draft: DraftModelDrafter | None = None,
         method: str = "auto",
         draft_len: int | None = None,
         draft_cost_ratio: float = DEFAULT_DRAFT_COST_RATIO,

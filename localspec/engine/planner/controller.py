@@ -30,13 +30,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from localspec.engine.backend import common_prefix_length
-from localspec.engine.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
-from localspec.engine.drafters import DRAFTERS
-from localspec.engine.drafting import COPY, FORCED, MODEL, TARGET_ALONE, Offer, Source
-from localspec.engine.estimates import Acceptance, MatchAcceptance, expected_tokens
-from localspec.engine.kernels import MAX_VERIFY_BATCH
-from localspec.engine.stats import Idle
+from localspec.engine.decoding.stats import Idle
+from localspec.engine.drafters.base import COPY, FORCED, MODEL, TARGET_ALONE, Offer, Source
+from localspec.engine.drafters.registry import DRAFTERS
+from localspec.engine.llama.kernels import MAX_VERIFY_BATCH
+from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
+from localspec.engine.planner.estimates import Acceptance, MatchAcceptance, expected_tokens
+from localspec.engine.tokens import common_prefix_length
 from localspec.errors import UsageError
 
 METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "eagle3", "dflash", "auto")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.engine.sampling import sample
+from localspec.engine.decoding.sampling import sample
 
 
 def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.draft_model import DraftModelProposer
-from localspec.engine.drafting import BaseDrafter
-from localspec.engine.dflash import DFlashDrafter
-from localspec.engine.eagle3 import Eagle3Drafter
-from localspec.engine.grammar_drafter import GrammarDrafter
-from localspec.engine.history import HistoryStore, SuffixDrafter
-from localspec.engine.lookup import LookupDrafter
-from localspec.engine.mtp import MtpDrafter
+from localspec.engine.drafters.base import BaseDrafter
+from localspec.engine.drafters.dflash import DFlashDrafter
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.drafters.eagle3 import Eagle3Drafter
+from localspec.engine.drafters.grammar import GrammarDrafter
+from localspec.engine.drafters.lookup import LookupDrafter
+from localspec.engine.drafters.mtp import MtpDrafter
+from localspec.engine.drafters.suffix import SuffixDrafter
+from localspec.engine.llama.model import Model
+from localspec.engine.persist.history import HistoryStore
 from localspec.gguf.heads import HeadFile
 
 
@@ -20,8 +21,8 @@ from localspec.gguf.heads import HeadFile
 class DrafterInputs:
     """What drafters are built from; ``make`` returns None for a drafter these cannot support."""
 
-    target: LlamaModel
-    draft: DraftModelProposer | None = None
+    target: Model
+    draft: DraftModelDrafter | None = None
     history: HistoryStore | None = None
     method: str = "auto"  # drafters whose setup costs even when unused (the MTP head's) skip methods without them
     head: HeadFile | None = None  # a companion head (EAGLE-3, DFlash) given as the pair's draft
@@ -29,7 +30,7 @@ class DrafterInputs:
 
 # In the order the planner breaks ties in. A new drafter adds its class (with a ``make(inputs)``) here.
 DRAFTERS: tuple[type[BaseDrafter], ...] = (
-    GrammarDrafter, LookupDrafter, SuffixDrafter, DraftModelProposer, MtpDrafter, Eagle3Drafter, DFlashDrafter,
+    GrammarDrafter, LookupDrafter, SuffixDrafter, DraftModelDrafter, MtpDrafter, Eagle3Drafter, DFlashDrafter,
 )
 
 

@@ -13,7 +13,7 @@ import functools
 import os
 from collections.abc import Iterator
 
-from localspec.engine.library import load_llama_cpp, loaded_cpu_library
+from localspec.engine.llama.library import load_llama_cpp, loaded_cpu_library
 from localspec.errors import LocalspecError
 
 EXACT = "exact"  # bit-identical: greedy output equals the target's, token for token

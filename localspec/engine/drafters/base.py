@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from localspec.engine.constraints import GrammarConstraint
+    from localspec.engine.decoding.constraints import GrammarConstraint
 
 
 class Source(str, Enum):

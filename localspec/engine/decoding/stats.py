@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from localspec.engine.drafting import TARGET_ALONE
+from localspec.engine.drafters.base import TARGET_ALONE
 
 
 def judged(drafted: int, accepted: int) -> int:
@@ -83,7 +83,7 @@ class GenerationStats:
     replayed_tokens: int = 0  # tokens evaluated again because a recurrent state could not cut them out
     first_token_s: float | None = None  # time to first token, from the start of the generation
     stop_reason: str | None = None
-    kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/kernels.py
+    kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/llama/kernels.py
     memory: str = ""  # the target's memory and how it rolls back (MemoryPlan.describe)
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
     draft_status: str | None = None  # whether auto uses the draft model and why; None without one

@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.engine.kernels import choose_kernels
-from localspec.engine.library import gpu_devices, lib_dir, load_llama_cpp
+from localspec.engine.llama.kernels import choose_kernels
+from localspec.engine.llama.library import gpu_devices, lib_dir, load_llama_cpp
 
 # CPU features that decide which llama.cpp kernels can run.
 CPU_FLAGS = (

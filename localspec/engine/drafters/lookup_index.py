@@ -25,9 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localspec.engine.backend import common_prefix_length
-from localspec.engine.drafting import COPY, BaseDrafter, Draft, Offer, RoundState, Source
-
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_DRAFT = 64
@@ -49,7 +46,7 @@ RESUME_WINDOW = 16
 FOLLOW_MIN_MATCH = 3
 
 
-class PromptLookupProposer:
+class PromptLookupIndex:
     """Drafts the continuation of the longest, most recent earlier occurrence of the history's suffix.
 
     Feed it every token the session sees with ``extend`` (prompt, earlier turns, accepted tokens) and
@@ -243,45 +240,3 @@ class PromptLookupProposer:
             if token in replace and token not in renames:
                 break
         return draft
-
-
-# The lookup drafter's matching suffixes run up to 8 tokens: that tells a copy in progress (long matches)
-# from chance (short ones).
-LOOKUP_MAX_NGRAM = 8
-# Prior acceptance per drafted token, keyed by match length (4 stands for 4-7): a match of 8 tokens or more
-# is a copy in progress, the likelier to go on the longer it has run. Chosen by replay on the shipped
-# workloads' greedy answers (scripts/replay_lookup.py).
-PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.95, 32: 0.98, 64: 0.99}
-
-
-class LookupDrafter(BaseDrafter):
-    """Prompt lookup as a drafter: offers what the longest earlier match continues with, for free."""
-
-    source = Source.LOOKUP
-    kind = COPY
-    prior = PRIOR_LOOKUP_ACCEPTANCE
-
-    def __init__(self) -> None:
-        self.proposer = PromptLookupProposer(max_ngram=LOOKUP_MAX_NGRAM)
-
-    @classmethod
-    def make(cls, inputs) -> LookupDrafter:
-        return cls()
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        """Make the history equal ``prompt``, keeping the index of the common prefix."""
-        seen = self.proposer.history
-        keep = common_prefix_length(seen, prompt)
-        if keep < len(seen):
-            self.proposer.truncate(keep)
-        self.proposer.extend(prompt[keep:])
-
-    def offer(self, state: RoundState) -> Offer | None:
-        tokens = self.proposer.propose(state.limit)
-        return Offer(self.source, len(tokens), self.proposer.last_match_len, tokens) if tokens else None
-
-    def draft(self, offer: Offer, k: int, state: RoundState) -> Draft:
-        return Draft(list(offer.tokens[:k]), None, self.source)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        self.proposer.extend(tokens)

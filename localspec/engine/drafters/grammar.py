@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.engine.drafting import FORCED, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.base import FORCED, BaseDrafter, Draft, Offer, RoundState, Source
 
 
 class GrammarDrafter(BaseDrafter):

@@ -9,19 +9,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localspec.engine.backend import LlamaModel
-from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
-from localspec.engine.model_drafting import DEFAULT_MIN_CONFIDENCE, draw_draft, split_catch_up
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.model_drafting import DEFAULT_MIN_CONFIDENCE, draw_draft, split_catch_up
+from localspec.engine.llama.model import Model
 
 if TYPE_CHECKING:
-    from localspec.engine.constraints import GrammarConstraint
+    from localspec.engine.decoding.constraints import GrammarConstraint
 
 # Prior acceptance of a draft token until measured.
 PRIOR_DRAFT_ACCEPTANCE = 0.6
 
 
-class DraftModelProposer(BaseDrafter):
+class DraftModelDrafter(BaseDrafter):
     """A small model of the same tokenizer that drafts up to k tokens per round.
 
     Its KV cache keeps the common prefix with the context across rounds, so a round usually evaluates
@@ -35,13 +35,13 @@ class DraftModelProposer(BaseDrafter):
     kind = MODEL
     prior = {1: PRIOR_DRAFT_ACCEPTANCE}
 
-    def __init__(self, load: Callable[[], LlamaModel], *, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> None:
+    def __init__(self, load: Callable[[], Model], *, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> None:
         self._load = load
-        self._model: LlamaModel | None = None
+        self._model: Model | None = None
         self.min_confidence = min_confidence
 
     @property
-    def model(self) -> LlamaModel:
+    def model(self) -> Model:
         if self._model is None:
             self._model = self._load()
         return self._model
@@ -50,12 +50,12 @@ class DraftModelProposer(BaseDrafter):
     def loaded(self) -> bool:
         return self._model is not None
 
-    def another(self) -> DraftModelProposer:
+    def another(self) -> DraftModelDrafter:
         """A proposer on the same weights (loaded on its first use) with a KV cache of its own."""
-        return DraftModelProposer(lambda: self.model.another_context(), min_confidence=self.min_confidence)
+        return DraftModelDrafter(lambda: self.model.another_context(), min_confidence=self.min_confidence)
 
     @classmethod
-    def make(cls, inputs) -> DraftModelProposer | None:
+    def make(cls, inputs) -> DraftModelDrafter | None:
         return inputs.draft
 
     def offer(self, state: RoundState) -> Offer:

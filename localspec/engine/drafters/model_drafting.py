@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localspec.engine.drafting import MODEL, BaseDrafter, Draft, Offer, RoundState
-from localspec.engine.sampling import SamplingParams, probabilities, sample
+from localspec.engine.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState
 
 if TYPE_CHECKING:
-    from localspec.engine.constraints import GrammarConstraint
+    from localspec.engine.decoding.constraints import GrammarConstraint
 
 DEFAULT_MIN_CONFIDENCE = 0.5
 # No confidence cut for a head (MTP, EAGLE-3, DFlash): a round the head declined would go unmeasured (no
@@ -95,7 +95,7 @@ def draw_draft(
 def companion_file(cls: type[BaseDrafter], inputs):
     """The companion head file (``inputs.head``) drafter ``cls`` drafts with: one of its kind, where the
     method uses it; else None."""
-    from localspec.engine.controller import method_uses  # the controller prices the drafters
+    from localspec.engine.planner.controller import method_uses  # the controller prices the drafters
 
     head = inputs.head
     return head if head is not None and head.kind == cls.source and method_uses(inputs.method, cls.source) else None

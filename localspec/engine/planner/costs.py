@@ -13,7 +13,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 
-from localspec.engine.kernels import MAX_VERIFY_BATCH
+from localspec.engine.llama.kernels import MAX_VERIFY_BATCH
 
 # Until a batch size is measured, assume each extra token adds this share of a one-token pass. A 2-core
 # CPU pays about a third of a pass per extra token in small batches; erring high keeps the first rounds
