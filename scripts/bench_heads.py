@@ -161,19 +161,19 @@ def speed_curve(controller, source) -> list[tuple[float, int, float]]:
     step = controller.step_cost(source)
     curve = []
     for a in ACCEPTANCES:
-        plan = controller._best(source, [a] * longest(source), step, None)  # the planner's expected-value rule
-        curve.append((a, plan.k, plan.expected_rate / controller._none_rate()))
+        plan = controller.best_plan(source, [a] * longest(source), step, None)  # the planner's expected-value rule
+        curve.append((a, plan.k, plan.expected_rate / controller.target_alone_rate()))
     return curve
 
 
 def break_even(controller, source) -> float | None:
     step = controller.step_cost(source)
     low, high = 0.0, 1.0
-    if controller._best(source, [high] * longest(source), step, None).expected_rate <= controller._none_rate():
+    if controller.best_plan(source, [high] * longest(source), step, None).expected_rate <= controller.target_alone_rate():
         return None
     for _ in range(30):
         mid = (low + high) / 2
-        pays = controller._best(source, [mid] * longest(source), step, None).expected_rate > controller._none_rate()
+        pays = controller.best_plan(source, [mid] * longest(source), step, None).expected_rate > controller.target_alone_rate()
         low, high = (low, mid) if pays else (mid, high)
     return high
 

@@ -91,8 +91,8 @@ def planner_view(costs: dict[int, float]) -> list[tuple[float, int, float]]:
             controller.costs.record_pass(size, seconds)
     rows = []
     for a in ACCEPTANCES:
-        plan = controller._best(Source.LOOKUP, [a] * (max(SIZES) - 1), 0.0, None)  # the planner's rule
-        rows.append((a, plan.k, plan.expected_rate / controller._none_rate()))
+        plan = controller.best_plan(Source.LOOKUP, [a] * (max(SIZES) - 1), 0.0, None)  # the planner's rule
+        rows.append((a, plan.k, plan.expected_rate / controller.target_alone_rate()))
     return rows
 
 

@@ -48,6 +48,7 @@ class SpeculativeDecoder:
         history: earlier answers for suffix decoding (``auto`` only); each answer is added to it.
         head: a companion head to draft with (methods eagle3 or dflash, as its kind, and auto).
         on_answer: called once each generation has ended (the session saves what was learnt).
+        clock: what the decoder times its work with (a replay passes a simulated one).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class SpeculativeDecoder:
         history: HistoryStore | None = None,
         on_answer: Callable[[], None] | None = None,
         head: HeadFile | None = None,
+        clock: Callable[[], float] = perf_counter,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -87,6 +89,7 @@ class SpeculativeDecoder:
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer
+        self.clock = clock
         self.stats = GenerationStats()
         self.constraint: GrammarConstraint | None = None  # the running generation's grammar, if any
 
@@ -119,7 +122,7 @@ class SpeculativeDecoder:
         target = self.target.another_context() if own_caches else self.target
         head = self.head if self.head is not None and method_uses(method, Source(self.head.kind)) else None
         other = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio,
-                                   draft_load_s=load_s, history=history, head=head)
+                                   draft_load_s=load_s, history=history, head=head, clock=self.clock)
         other.controller.remember(self.controller.costs.relative_costs())
         return other
 
@@ -161,7 +164,7 @@ class SpeculativeDecoder:
             memory_kind=target.memory_plan.memory.value,
         )
         rng = np.random.default_rng(sampling.seed)
-        start = perf_counter()
+        start = self.clock()
         replayed = target.replayed_tokens
         keep = min(target.common_prefix(prompt), len(prompt) - 1)
         target.rollback(keep)  # a recurrent state may have to evaluate part of the prefix again
@@ -170,7 +173,7 @@ class SpeculativeDecoder:
         self.controller.begin_answer()
         logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress, prefill=True)[0]
         stats.prefill_tokens = len(prompt) - keep + target.replayed_tokens - replayed
-        stats.prefill_s = perf_counter() - start
+        stats.prefill_s = self.clock() - start
         if target.large_eval is not None:
             # A large prompt pass hints at what long drafts cost; on a CPU they can be far cheaper per
             # token than short ones (llama.cpp switches kernels for larger batches).
@@ -191,7 +194,7 @@ class SpeculativeDecoder:
             token = int(np.argmax(logits)) if sampling.greedy else sample(probabilities(logits, sampling), rng)
             stats.record_round(TARGET_ALONE, 0, 0)  # the prefill pass produced the first token
             step = self._emit(context, Step([token], [Source.TARGET], TARGET_ALONE, 0, 0), max_tokens)
-            stats.first_token_s = perf_counter() - start
+            stats.first_token_s = self.clock() - start
             yield step
             while stats.stop_reason is None:
                 step = self._round(context, max_tokens, sampling, rng)
@@ -212,7 +215,7 @@ class SpeculativeDecoder:
     def _round(
         self, context: list[int], max_tokens: int, sampling: SamplingParams, rng: np.random.Generator
     ) -> Step | None:
-        started = perf_counter()
+        started = self.clock()
         room = self.target.n_ctx - self.target.n_past - 1  # drafts that fit after [last token]
         if room < 0:
             self.stats.stop_reason = "context_full"
@@ -228,9 +231,9 @@ class SpeculativeDecoder:
         k = max(0, min(plan.k, room, budget - 1))
         # Draft.
         drafter = self.drafter(plan.method) if k else None
-        drafting = perf_counter()
+        drafting = self.clock()
         draft = drafter.draft(plan.offer, k, state) if drafter is not None else NO_DRAFT
-        draft_s = perf_counter() - drafting
+        draft_s = self.clock() - drafting
         # Verify: one target pass over the last token and the drafts.
         logits, verify_s, rollback_s = self._verify(context[-1], draft)
         # Accept.
@@ -251,7 +254,7 @@ class SpeculativeDecoder:
         stats.draft_s += draft_s
         stats.verify_s += verify_s
         stats.rollback_s += rollback_s
-        elapsed = perf_counter() - started
+        elapsed = self.clock() - started
         overhead = elapsed - draft_s - verify_s - rollback_s
         stats.overhead_s += overhead
         controller.costs.record_overhead(overhead)
@@ -268,9 +271,9 @@ class SpeculativeDecoder:
         if not target.can_remove(len(draft.tokens)):
             checkpoint_s = target.checkpoint()
             costs.record_checkpoint(checkpoint_s)
-        started = perf_counter()
+        started = self.clock()
         logits = target.eval([last, *draft.tokens], n_logits=len(draft.tokens) + 1)
-        verify_s = perf_counter() - started
+        verify_s = self.clock() - started
         costs.record_pass(len(draft.tokens) + 1, verify_s)
         if self.constraint is not None:
             self.constraint.restrict(logits, draft.tokens)

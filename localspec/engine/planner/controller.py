@@ -221,7 +221,7 @@ class Controller:
             spent = (self.round_seconds(source, drafted) or 0.0) + self.costs.overhead
             # A probe that paid funds the next ones in this answer: a drafter whose prior is wrong here
             # keeps being tried while it pays, and the answer as a whole never loses more than the budget.
-            loss = spent - (accepted + 1) / self._none_rate()
+            loss = spent - (accepted + 1) / self.target_alone_rate()
             self._answer_loss += loss
             self._explore_loss += loss
         for estimates in self._copies.values():
@@ -320,7 +320,7 @@ class Controller:
             seconds.append(pass_cost + drafting + overhead)
         return seconds
 
-    def _best(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
+    def best_plan(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
         totals = expected_tokens(rates)
         model = self._models.get(source)
@@ -328,7 +328,8 @@ class Controller:
         k = max(range(1, len(rates) + 1), key=lambda k: totals[k] / seconds[k - 1])
         return Plan(source, k, totals[k], totals[k] / seconds[k - 1], offer)
 
-    def _none_rate(self) -> float:
+    def target_alone_rate(self) -> float:
+        """Tokens per second of the target alone, as measured."""
         return 1.0 / (self.costs.one + self.costs.overhead)
 
     def _check_model(self, source: str, model: _ModelDrafter) -> None:
@@ -337,8 +338,8 @@ class Controller:
         if step is None:
             return
         hopeful = model.acceptance.hopeful
-        best = self._best(source, [hopeful] * self.draft_max, step, None)
-        none = self._none_rate()
+        best = self.best_plan(source, [hopeful] * self.draft_max, step, None)
+        none = self.target_alone_rate()
         if best.expected_rate <= none:
             model.off = (
                 f"a draft step costs {step / self.costs.one:.2f} of a target step (measured), so even "
@@ -351,9 +352,9 @@ class Controller:
         model = self._models[offer.source]
         step = self.costs.step_cost(model.costs)
         rate = model.acceptance.rate
-        best = self._best(offer.source, [rate] * min(self.draft_max, offer.available), step, offer)
+        best = self.best_plan(offer.source, [rate] * min(self.draft_max, offer.available), step, offer)
         measured = "measured" if model.costs.step_s is not None else "expected"
-        none = self._none_rate()
+        none = self.target_alone_rate()
         if best.expected_rate <= rival.expected_rate:
             if best.expected_rate > none:
                 model.declined = "not used at the latest choice: prompt lookup was expected to do better"
@@ -379,7 +380,7 @@ class Controller:
     def _probe(self, offers: Sequence[Offer]) -> Plan | None:
         """A copy drafter worth trying although its estimate loses: its hopeful rate would pay, and what
         the probes lost so far in this answer plus this one's loss should it fail stays within the budget."""
-        none = self._none_rate()
+        none = self.target_alone_rate()
         base = 1.0 / none  # seconds per token of the target alone
         budget = EXPLORE_SHARE * self._answer_tokens * base - self._answer_loss
         if budget <= self._probe_floor:
@@ -444,16 +445,16 @@ class Controller:
         if not offered:
             return _target_only(Idle.NOTHING_OFFERED)
 
-        options = [_target_only(Idle.PRICED_OUT, self._none_rate())] if method == "auto" else []
+        options = [_target_only(Idle.PRICED_OUT, self.target_alone_rate())] if method == "auto" else []
         models = []
         for source, offer in offered.items():
             if source in self._copies:
                 k_max = min(offer.available, self.lookup_max)
-                options.append(self._best(source, self._copies[source].rates(offer.match_len, k_max), 0.0, offer))
+                options.append(self.best_plan(source, self._copies[source].rates(offer.match_len, k_max), 0.0, offer))
             elif method != "auto":
                 model = self._models[source]
                 rates = [model.acceptance.rate] * min(self.draft_max, offer.available)
-                options.append(self._best(source, rates, self.costs.step_cost(model.costs), offer))
+                options.append(self.best_plan(source, rates, self.costs.step_cost(model.costs), offer))
             elif self._models[source].off is None:
                 models.append(offer)
         best = max(options, key=lambda plan: plan.expected_rate)
