@@ -15,8 +15,8 @@ from typing import Any
 
 from localspec import paths
 from localspec.engine.decoding.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from localspec.engine.drafters.registry import DEFAULT_METHOD, check_method
 from localspec.engine.llama.model import DEFAULT_N_CTX
-from localspec.engine.planner.controller import DEFAULT_METHOD, check_method
 from localspec.errors import ProfileError, UnsafePathError, UsageError
 
 if sys.version_info >= (3, 11):

@@ -12,23 +12,23 @@ from pathlib import Path
 from typing import Union
 
 from localspec import paths
-from localspec.store import cache as store
 from localspec.engine.decoding.decoder import SpeculativeDecoder
-from localspec.engine.drafters.base import Source
 from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.drafters.mtp import MtpDrafter
+from localspec.engine.drafters.registry import uses
 from localspec.engine.llama.kernels import EXACT
 from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.llama.model import DEFAULT_N_CTX, Model
 from localspec.engine.llama.vocab import VocabOnlyTokenizer
 from localspec.engine.persist.history import HistoryStore, tokenizer_identity
 from localspec.engine.persist.pass_costs import PassCostMemory
-from localspec.engine.planner.controller import method_uses
 from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO
 from localspec.errors import IncompatibleError, UsageError
 from localspec.gguf.compat import Report, check_model, check_pair
 from localspec.gguf.header import MAX_HEADER_BYTES, GGUFTruncatedError, read_header, read_header_prefix
 from localspec.gguf.heads import companion_head
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
+from localspec.store import cache as store
 
 # A first fetch big enough for most headers; a 262k-token vocabulary needs a second, larger one.
 FIRST_PREFIX_BYTES = 16 * 1024 * 1024
@@ -150,7 +150,7 @@ def open_decoder(
         n_gpu_layers=options.gpu_layers,
         exact=options.exact,
         rollback_snapshots=options.rollback_snapshots,
-        load_mtp=method_uses(method, Source.MTP),  # the model's own head, if it has one
+        load_mtp=uses(method, MtpDrafter.source),  # the model's own head, if it has one
     )
     # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
     draft_exact = target.kernels == EXACT

@@ -21,17 +21,13 @@ from rich.text import Text
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.decoding.text import TextPiece
-from localspec.engine.drafters.base import TARGET_ALONE, Source
+from localspec.engine.drafters.base import TARGET, TARGET_ALONE
+from localspec.engine.drafters.registry import DRAFTERS
 from localspec.gguf.memory import MemoryKind
 
 DEFAULT_MIN_INTERVAL = 0.1  # at most ~10 refreshes per second
-SOURCE_STYLES = {Source.TARGET: "", Source.GRAMMAR: "yellow", Source.LOOKUP: "green", Source.SUFFIX: "magenta",
-                 Source.DRAFT: "cyan", Source.MTP: "blue", Source.EAGLE3: "bright_blue",
-                 Source.DFLASH: "bright_cyan"}
-# How the legend names each source.
-SOURCE_NAMES = {Source.TARGET: "target", Source.GRAMMAR: "grammar", Source.LOOKUP: "lookup", Source.SUFFIX: "history",
-                Source.DRAFT: "draft", Source.MTP: "mtp", Source.EAGLE3: "eagle3",
-                Source.DFLASH: "dflash"}
+# How each source's tokens are coloured (the legend names them by their source).
+SOURCE_STYLES = {TARGET: "", **{cls.source: cls.style for cls in DRAFTERS}}
 BARS = " ▁▂▃▄▅▆▇█"
 MAX_CHART_POSITIONS = 24
 LIVE_ROWS = 3  # rows of an unfinished line kept in the live region
@@ -132,7 +128,7 @@ class LiveView:
                 for piece in pieces:
                     parts.append(piece.text)
                     self._line.append(piece.text, SOURCE_STYLES[piece.source] if self.colors else "")
-                    self._last_step = (piece.step.method, piece.step.drafted)
+                    self._last_step = (piece.step.source, piece.step.drafted)
                     now = perf_counter()
                     if now - last_refresh >= self.min_interval:
                         last_refresh = now
@@ -197,8 +193,8 @@ class LiveView:
             text.append("  ".join(f"{i + 1}:{p:.0%}" for i, p in enumerate(positions[:3])))
         if self.colors:
             text.append("\n ")
-            for source, name in SOURCE_NAMES.items():
-                text.append(f" {name}", style=SOURCE_STYLES[source] or "default")
+            for source, style in SOURCE_STYLES.items():
+                text.append(f" {source}", style=style or "default")
         return text
 
 

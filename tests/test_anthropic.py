@@ -7,7 +7,15 @@ import httpx
 import pytest
 
 from tests.test_server import (  # noqa: F401 (tiny_server and tools_server are fixtures)
-    QUESTION, READ_TOOL, SYSTEM, TIMEOUT_S, ask, open_worker, serving, tiny_server, tools_server,
+    QUESTION,
+    READ_TOOL,
+    SYSTEM,
+    TIMEOUT_S,
+    ask,
+    open_worker,
+    serving,
+    tiny_server,
+    tools_server,
 )
 
 TOOLS = [{"name": f["name"], "description": f.get("description", ""), "input_schema": f["parameters"]}
@@ -148,7 +156,12 @@ def test_a_stream_refused_before_its_first_token_is_a_plain_anthropic_400(tools_
 def test_real_pair_tool_loop(qwen_pair):
     """As tests/test_server.py's: a forced call, its result, an auto step, an answer without tools."""
     from tests.test_server import (
-        EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S, read_the_file, real_call_is_valid,
+        EDIT_TOOLS,
+        REAL_FILE,
+        REAL_TASK,
+        REAL_TIMEOUT_S,
+        read_the_file,
+        real_call_is_valid,
     )
 
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],

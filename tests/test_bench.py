@@ -12,7 +12,6 @@ import tomli_w
 from typer.testing import CliRunner
 
 from localspec import paths
-from localspec.store import cache as store
 from localspec.bench import report, workloads
 from localspec.bench.runner import (
     BASELINE,
@@ -31,12 +30,14 @@ from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.decoding.text import Step
+from localspec.engine.drafters.dflash import DFlashDrafter
 from localspec.engine.persist.history import LEAD_TOKENS
 from localspec.engine.planner.controller import Controller
 from localspec.engine.planner.costs import TRUSTED_SAMPLES
 from localspec.errors import UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, load_profile
 from localspec.session import ModelOptions, Pair, open_decoder
+from localspec.store import cache as store
 
 ROW_TYPES = {
     "workload": str,
@@ -261,7 +262,7 @@ def test_compare_tokens_names_the_first_difference():
 
 
 def _measurement(tok_per_s: float, speedup: float, drafted: int = 0, accepted: int = 0) -> Measurement:
-    stats = GenerationStats(generated_tokens=10, rounds=10 - accepted, drafted=drafted, accepted=accepted)
+    stats = GenerationStats(generated_tokens=10, target_passes=10 - accepted, drafted=drafted, accepted=accepted)
     stats.verify_s = stats.generated_tokens / tok_per_s
     stats.first_token_s = 0.1
     return Measurement([1] * 10, stats, speedup=speedup, expected_speedup=speedup)
@@ -330,6 +331,19 @@ def test_expected_speedup_is_leviathans_formula_with_measured_costs():
     assert expected_speedup(draft, fixed, fixed) is None  # no pass measured at all: no prediction
 
 
+def test_expected_speedup_prices_a_block_drafter_as_the_planner_does():
+    """A DFlash round drafting 6 tokens is one head pass of 7 rows, scaled like the target's 7-row pass
+    (2.5 one-row passes here), not 6 steps."""
+    controller = Controller(DFlashDrafter.source, drafters=[DFlashDrafter])
+    for _ in range(TRUSTED_SAMPLES):
+        controller.costs.record_pass(1, 0.100)
+        controller.costs.record_pass(7, 0.250)
+    controller.record_draft(DFlashDrafter.source, 0, 0.0, 7, 2.5 * 0.030)  # a one-row pass: 0.030 s
+    steps = [Step([1] * 7, [], DFlashDrafter.source, 6, 6)]
+    assert controller.round_seconds(DFlashDrafter.source, 6) == pytest.approx(0.250 + 2.5 * 0.030)
+    assert expected_speedup(steps, controller, controller) == pytest.approx(7 * 0.100 / (0.250 + 2.5 * 0.030))
+
+
 # -- --write-profile -----------------------------------------------------------------------------
 def test_a_tuned_profile_loads_with_the_recommended_defaults():
     base = load_profile(DEFAULT_PROFILE)
@@ -392,7 +406,7 @@ def test_the_answer_history_learns_each_prompt_once_in_the_cold_pass_and_drafts_
     answers = [r.runs[0].tokens for r in result.records if r.config == BASELINE][:3]
     assert len(store) == sum(len(lead) + len(answer) + 1 for lead, answer in zip(leads, answers))  # each once
     warm = [r for r in result.records if r.config == remembering and r.prompt.workload == "agents (warm)"]
-    assert sum(m.stats.drafted_by_method.get("suffix", 0) for r in warm for m in r.runs) > 0
+    assert sum(m.stats.drafted_by_source.get("suffix", 0) for r in warm for m in r.runs) > 0
     assert all(r.difference is None for r in result.records)
     assert not paths.history_dir().exists()  # the bench never touches the user's history
 

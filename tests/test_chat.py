@@ -23,13 +23,12 @@ from localspec.conversation import Conversation
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams
 from localspec.engine.decoding.text import Step, TextPiece, stream_text
-from localspec.engine.drafters.base import Source
 from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import HistoryStore
 from localspec.errors import UsageError
 from localspec.session import ModelOptions, Pair, open_decoder
-from localspec.tui import SOURCE_NAMES, LiveView, sparkline
+from localspec.tui import SOURCE_STYLES, LiveView, sparkline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,7 +73,7 @@ def test_parse_command(line, command):
     "line, message",
     [
         ("/nope", "unknown command /nope"),
-        ("/method fast", "one of none, draft"),
+        ("/method fast", "one of none, lookup"),
         ("/k 0", "at least 1"),
         ("/k two", "at least 1"),
         ("/temp -1", "at least 0"),
@@ -211,7 +210,7 @@ def test_live_view_prints_completed_lines_once(tiny_target):
     assert screen.getvalue().count("one") == 1 and "one\ntwo\nthree\n" in screen.getvalue()
 
 
-@pytest.mark.parametrize("source", list(Source))
+@pytest.mark.parametrize("source", list(SOURCE_STYLES))
 def test_live_view_shows_every_token_source(tiny_target, source):
     """A constrained answer's grammar-forced tokens too (the live view once raised KeyError on them)."""
     decoder = make_decoder(tiny_target, method="none")
@@ -219,7 +218,7 @@ def test_live_view_shows_every_token_source(tiny_target, source):
     view = LiveView(Console(file=screen, force_terminal=True, width=100), decoder, min_interval=0)
     step = Step([0], [source], source, 1, 1)
     assert view.stream([TextPiece("forced", source, step)]) == "forced"
-    assert SOURCE_NAMES[source] in view.status_text(decoder.stats, 1.0).plain
+    assert source in view.status_text(decoder.stats, 1.0).plain
 
 
 def test_live_view_colours_tokens_drafted_from_the_answer_history(tiny_target):
@@ -231,7 +230,7 @@ def test_live_view_colours_tokens_drafted_from_the_answer_history(tiny_target):
         pieces = list(stream_text(decoder.target, decoder.generate(prompt, max_tokens=40)))
         view.stream(pieces)
     assert any(piece.source == "suffix" for piece in pieces)
-    assert "history" in view.status_text(decoder.stats, 1.0).plain
+    assert "suffix" in view.status_text(decoder.stats, 1.0).plain
 
 
 # -- a real terminal -----------------------------------------------------------------------------
@@ -327,11 +326,11 @@ def test_second_turn_repeating_code_is_drafted_by_lookup(qwen_pair, capsys):
         session.answer(text)
         turns.append(decoder.stats)
     answers = capsys.readouterr().out
-    rates = [s.accepted_by_method.get("lookup", 0) / max(1, s.drafted_by_method.get("lookup", 0)) for s in turns]
+    rates = [s.accepted_by_source.get("lookup", 0) / max(1, s.drafted_by_source.get("lookup", 0)) for s in turns]
     with capsys.disabled():
         for i, s in enumerate(turns, 1):
             print(
-                f"\nturn {i}: lookup accepted {s.accepted_by_method.get('lookup', 0)}/{s.drafted_by_method.get('lookup', 0)}"
+                f"\nturn {i}: lookup accepted {s.accepted_by_source.get('lookup', 0)}/{s.drafted_by_source.get('lookup', 0)}"
                 f" ({rates[i - 1]:.0%}), {s.mean_accepted_length:.2f} tok/pass, {s.decode_tok_per_s:.1f} tok/s,"
                 f" prefill {s.prefill_tokens} of {s.prompt_tokens} prompt tokens"
             )

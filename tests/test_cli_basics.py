@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec import paths
-from localspec.store import cache as store
 from localspec.cli.app import app
 from localspec.engine.llama import machine
 from localspec.profiles import DEFAULT_PROFILE
+from localspec.store import cache as store
 from tests.fake_index import hidden_leftovers, write_user_profile
 from tests.tiny_models import TinySpec, tiny_model_bytes
 

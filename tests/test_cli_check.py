@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localspec.store import cache as store
 from localspec.cli.app import app
 from localspec.errors import StoreError
+from localspec.store import cache as store
 from tests.tiny_models import CHAT_TEMPLATE
 
 

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from localspec.cli.app import app
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams
-from localspec.engine.drafters.base import Source
 from localspec.engine.llama.model import Model
 from localspec.errors import UsageError
 from localspec.gguf.header import read_header
@@ -70,7 +69,7 @@ def test_greedy_output_of_every_method_equals_target_alone(pair, baseline, metho
     decoder = make_decoder(pair, method=method, draft_len=draft_len)
     assert generate(decoder, prompt) == expected
     if method is None:
-        assert decoder.stats.drafted_by_method.get(kind_of(pair), 0) > 0
+        assert decoder.stats.drafted_by_source.get(kind_of(pair), 0) > 0
 
 
 def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(pair, baseline):
@@ -81,7 +80,7 @@ def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(pair, baseline):
     prompt, expected = baseline
     used = make_decoder(pair, draft_len=5)
     assert generate(used, prompt) == expected
-    assert_drafts_as_fresh(used, make_decoder(pair, draft_len=5), prompt + expected, Source(kind_of(pair)))
+    assert_drafts_as_fresh(used, make_decoder(pair, draft_len=5), prompt + expected, kind_of(pair))
 
 
 def test_sampled_output_follows_the_target_distribution(pair):
@@ -108,7 +107,7 @@ def test_run_json_shows_the_head_as_a_method(pair):
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         texts[method] = data["text"]
-    assert data["stats"]["by_method"][kind]["drafted"] > 0
+    assert data["stats"]["by_source"][kind]["drafted"] > 0
     assert texts[kind] == texts["none"]
 
 
@@ -158,7 +157,7 @@ def test_greedy_output_on_hybrid_and_moe_targets_equals_target_alone(tmp_path, s
     for draft_len in (3, None):
         decoder = make_decoder(pair, draft_len=draft_len)
         assert generate(decoder, prompt) == expected, draft_len
-        assert decoder.stats.drafted_by_method.get(kind, 0) > 0
+        assert decoder.stats.drafted_by_source.get(kind, 0) > 0
 
 
 @pytest.mark.stock

@@ -13,8 +13,8 @@ import platformdirs
 import pytest
 
 from localspec.gguf.compat import check_pair
-from localspec.session import pair_report
 from localspec.gguf.header import read_header, read_header_prefix
+from localspec.session import pair_report
 from tests.tiny_models import CHAT_TEMPLATE, default_vocab
 
 TOOLS_PART = "{% if tools %}{{ 'Tools: ' }}{% for t in tools %}{{ t | tojson }}{% endfor %}{{ '\nReply with "

@@ -52,7 +52,7 @@ def test_constrained_speculation_emits_what_the_constrained_target_alone_emits(d
     expected, alone_stats = generate(alone, prompt, grammar)
     got, stats = generate(speculating, prompt, grammar)
     assert got == expected and alone_stats.drafted == 0
-    assert stats.drafted > 0 and stats.rounds <= alone_stats.rounds  # drafts were judged, never to a loss
+    assert stats.drafted > 0 and stats.target_passes <= alone_stats.target_passes  # drafts were judged, never to a loss
     assert stats.stop_reason == "eos"  # the grammar finished and only the end of generation was allowed
     text = speculating.target.detokenize(got)
     if grammar.startswith("start: %json"):
@@ -65,7 +65,7 @@ def test_the_grammar_forces_tokens_that_are_drafted_for_free(decoders):
     _, speculating = decoders
     prompt = speculating.target.tokenize("hello", add_bos=True)
     tokens, stats = generate(speculating, prompt, 'start: "def the code(): return x" ("1" | "2")')
-    assert stats.drafted_by_method["grammar"] == stats.accepted_by_method["grammar"] >= 10
+    assert stats.drafted_by_source["grammar"] == stats.accepted_by_source["grammar"] >= 10
     assert speculating.target.detokenize(tokens) in ("def the code(): return x1", "def the code(): return x2")
 
 
@@ -168,10 +168,10 @@ def test_sampled_constrained_speculation_follows_the_constrained_target_alone(ma
         tokens, generation = generate(decoder, prompt, LETTERS_GRAMMAR, SamplingParams(**{**SAMPLING.__dict__,
                                                                                           "seed": seed}))
         counts[tuple(tokens)] += 1  # a KeyError is an answer the constrained target alone never gives
-        for method, drafted in generation.drafted_by_method.items():
+        for method, drafted in generation.drafted_by_source.items():
             totals = by_method.setdefault(method, [0, 0])
             totals[0] += drafted
-            totals[1] += generation.accepted_by_method[method]
+            totals[1] += generation.accepted_by_source[method]
     keys = sorted(dist, key=dist.get, reverse=True)
     expected = np.array([dist[k] for k in keys]) * N_SAMPLES
     observed = np.array([counts[k] for k in keys], dtype=float)

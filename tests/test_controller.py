@@ -7,7 +7,7 @@ import pytest
 
 from localspec.engine.decoding.acceptance import verify_sampled
 from localspec.engine.decoding.sampling import sample
-from localspec.engine.drafters.base import Offer, Source
+from localspec.engine.drafters.base import Offer
 from localspec.engine.planner.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
 from localspec.engine.planner.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
 from localspec.engine.planner.estimates import expected_tokens
@@ -26,7 +26,7 @@ def choose(controller, *, lookup_available=0, lookup_match_len=0, suffix_availab
     offers = [copy_offer("lookup", lookup_available, lookup_match_len),
               copy_offer("suffix", suffix_available, suffix_match_len)]
     if controller.has_draft_model:
-        offers.append(Offer(Source.DRAFT, controller.draft_limit, catch_up=draft_catch_up))
+        offers.append(Offer("draft", controller.draft_limit, catch_up=draft_catch_up))
     return controller.plan(offers, **kwargs)
 
 
@@ -56,7 +56,7 @@ NOT_OFFERED = -1  # a token no copy offers
 
 
 def copy_offer(source, available, match_len):
-    return Offer(Source(source), available, match_len, list(range(100, 100 + available)))
+    return Offer(source, available, match_len, list(range(100, 100 + available)))
 
 
 def test_expected_tokens_is_the_geometric_sum():
@@ -71,9 +71,9 @@ def test_plain_steps_come_first_so_every_choice_has_a_price(method):
     controller = Controller(method)
     controller.costs.record_prefill(300, 2.0, SHARE)  # a large prefill alone does not price a one-token step
     for _ in range(TRUSTED_SAMPLES):
-        assert choose(controller, lookup_available=10, lookup_match_len=8).method == "none"
+        assert choose(controller, lookup_available=10, lookup_match_len=8).source == "none"
         controller.costs.record_pass(1, 0.04)
-    assert choose(controller, lookup_available=10, lookup_match_len=8).method == "lookup"
+    assert choose(controller, lookup_available=10, lookup_match_len=8).source == "lookup"
 
 
 def test_a_measured_large_pass_makes_long_copies_pay():
@@ -107,25 +107,25 @@ def test_each_lookup_draft_position_is_credited_to_the_match_it_continues():
 def test_cpu_costs_with_a_poor_lookup_do_not_speculate():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 1, 0.1)
-    assert choose(controller, lookup_available=64, lookup_match_len=1).method == "none"
+    assert choose(controller, lookup_available=64, lookup_match_len=1).source == "none"
 
 
 def test_a_long_reliable_match_drafts_long():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.95)
     plan = choose(controller, lookup_available=64, lookup_match_len=4)
-    assert plan.method == "lookup" and plan.k >= 8
+    assert plan.source == "lookup" and plan.k >= 8
     assert plan.expected_rate > 1.5 / CPU[1]
 
 
 def test_draft_model_loses_on_cpu_and_wins_on_gpu():
     cpu = measured(CPU, method="auto", has_draft_model=True, draft_cost_ratio=0.57)
     teach(cpu, "draft", 1, 0.75)
-    assert choose(cpu, lookup_available=0, lookup_match_len=0).method == "none"
+    assert choose(cpu, lookup_available=0, lookup_match_len=0).source == "none"
     gpu = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
     teach(gpu, "draft", 1, 0.75)
     plan = choose(gpu, lookup_available=0, lookup_match_len=0)
-    assert plan.method == "draft" and plan.k >= 3
+    assert plan.source == "draft" and plan.k >= 3
 
 
 def test_measured_draft_step_cost_overrides_the_prior():
@@ -133,8 +133,8 @@ def test_measured_draft_step_cost_overrides_the_prior():
     teach(controller, "draft", 1, 0.75)
     for _ in range(5):
         # the draft turned out slower than the target
-        controller.record_draft(Source.DRAFT, 0, 0.0, 4, 4 * 0.030)
-    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "none"
+        controller.record_draft("draft", 0, 0.0, 4, 4 * 0.030)
+    assert choose(controller, lookup_available=0, lookup_match_len=0).source == "none"
 
 
 def test_one_slow_pass_does_not_write_off_a_batch_size():
@@ -157,25 +157,44 @@ def test_one_slow_round_does_not_make_drafting_look_cheap():
         controller.record_round("none", 0, 0, offer.tokens if i % 10 < 4 else [NOT_OFFERED])
     for _ in range(COST_WINDOW):
         controller.costs.record_overhead(0.0003)
-    assert choose(controller, lookup_available=1, lookup_match_len=2).method == "none"
+    assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
     controller.costs.record_overhead(0.046)
-    assert choose(controller, lookup_available=1, lookup_match_len=2).method == "none"
+    assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
+
+
+def test_one_slow_draft_or_snapshot_does_not_move_its_cost():
+    """A draft model's steps and catch-up, and a recurrent target's checkpoints and restores, are the median
+    of their last few measurements as passes are: one slowed by another process is not charged to the
+    rounds after it."""
+    controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
+    replay = controller.costs.pass_cost(3)
+    for _ in range(3):
+        controller.record_draft("draft", 100, 100 * 0.001, 4, 4 * 0.003)
+        controller.costs.record_checkpoint(0.002)
+        controller.costs.record_restore(0.004 + replay, 3)
+    controller.record_draft("draft", 100, 100 * 0.1, 4, 4 * 0.3)
+    controller.costs.record_checkpoint(0.2)
+    controller.costs.record_restore(0.4 + replay, 3)
+    beliefs = controller.beliefs()
+    assert beliefs["draft_step_s"] == pytest.approx(0.003)
+    assert beliefs["draft_catch_up_s_per_token"] == pytest.approx(0.001)
+    assert (beliefs["checkpoint_s"], beliefs["restore_s"]) == pytest.approx((0.002, 0.004))
 
 
 def test_written_off_option_is_retried_after_a_while():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.0, rounds=10)
-    assert choose(controller, lookup_available=8, lookup_match_len=4).method == "none"
+    assert choose(controller, lookup_available=8, lookup_match_len=4).source == "none"
     for _ in range(300):
         controller.record_round("none", 0, 0)
-    assert choose(controller, lookup_available=8, lookup_match_len=4).method == "lookup"
+    assert choose(controller, lookup_available=8, lookup_match_len=4).source == "lookup"
 
 
 def test_on_a_gpu_even_a_poor_lookup_pays():
     """Verification is nearly free there, so a 10% acceptance is still worth a draft."""
     controller = measured(GPU, method="auto")
     teach(controller, "lookup", 1, 0.1)
-    assert choose(controller, lookup_available=8, lookup_match_len=1).method == "lookup"
+    assert choose(controller, lookup_available=8, lookup_match_len=1).source == "lookup"
 
 
 def test_fixed_methods_and_lengths():
@@ -183,16 +202,16 @@ def test_fixed_methods_and_lengths():
     # A fixed length is taken whatever the match: no pricing.
     assert {choose(controller, lookup_available=64, lookup_match_len=m).k for m in (1, 4, 32)} == {5}
     assert choose(controller, lookup_available=64, lookup_match_len=1).k == 5
-    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "none"
+    assert choose(controller, lookup_available=0, lookup_match_len=0).source == "none"
     hybrid = measured(CPU, method="hybrid", draft_len=3, has_draft_model=True)
-    assert choose(hybrid, lookup_available=0, lookup_match_len=0).method == "draft"
-    assert choose(hybrid, lookup_available=2, lookup_match_len=3).method == "lookup"
-    assert choose(measured(CPU, method="none"), lookup_available=64, lookup_match_len=4).method == "none"
+    assert choose(hybrid, lookup_available=0, lookup_match_len=0).source == "draft"
+    assert choose(hybrid, lookup_available=2, lookup_match_len=3).source == "lookup"
+    assert choose(measured(CPU, method="none"), lookup_available=64, lookup_match_len=4).source == "none"
 
 
 def test_configure_errors_name_the_fix():
-    with pytest.raises(UsageError, match="needs a draft model"):
-        Controller("draft")
+    with pytest.raises(UsageError, match="method hybrid needs a draft model: pass --draft PATH"):
+        Controller("hybrid", missing={"draft": "pass --draft PATH or use --profile"})
     with pytest.raises(UsageError, match="unknown method"):
         Controller("fastest")
     controller = Controller("auto")
@@ -219,7 +238,7 @@ def test_a_copy_in_progress_is_its_own_bucket():
     teach(controller, "lookup", 4, 0.2)
     teach(controller, "lookup", 12, 0.95)
     assert controller.acceptance("lookup", 5) < 0.5 < controller.acceptance("lookup", 9)
-    assert choose(controller, lookup_available=64, lookup_match_len=12).method == "lookup"
+    assert choose(controller, lookup_available=64, lookup_match_len=12).source == "lookup"
 
 
 def test_a_prefill_hints_at_long_drafts_but_is_no_measurement():
@@ -243,8 +262,8 @@ def test_a_short_answer_does_not_start_with_probes_at_a_loss():
     controller = measured({1: 0.037}, method="auto")
     controller.costs.record_prefill(300, 2.0, SHARE)
     assert controller.costs.pass_cost(2) == pytest.approx(0.037 * (1 + PRIOR_BATCH_SLOPE))
-    assert choose(controller, lookup_available=8, lookup_match_len=1).method == "none"
-    assert choose(controller, lookup_available=8, lookup_match_len=2).method == "none"
+    assert choose(controller, lookup_available=8, lookup_match_len=1).source == "none"
+    assert choose(controller, lookup_available=8, lookup_match_len=2).source == "none"
     # Far from measured sizes the estimate heads for the prefill's cost, so a long copy may still be tried.
     assert controller.costs.pass_cost(64) < 0.037 * (1 + PRIOR_BATCH_SLOPE * 63)
 
@@ -254,22 +273,22 @@ def test_a_draft_catch_up_must_be_repaid_within_the_answer():
     controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
     teach(controller, "draft", 1, 0.8)
     in_step = choose(controller, lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2, remaining=4)
-    assert in_step.method == "draft"
+    assert in_step.source == "draft"
     behind = dict(lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2000)
-    assert choose(controller, **behind, generated=10, remaining=10).method == "none"
+    assert choose(controller, **behind, generated=10, remaining=10).source == "none"
     assert "catching up on 2000 tokens" in controller.draft_status()
-    assert choose(controller, **behind, generated=3000, remaining=5000).method == "draft"
+    assert choose(controller, **behind, generated=3000, remaining=5000).source == "draft"
 
 
 def test_a_draft_that_cannot_pay_is_off_for_the_session():
     controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15)
-    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "draft"  # by its priors
-    controller.record_draft(Source.DRAFT, 300, 0.3, 4, 4 * 0.030)
+    assert choose(controller, lookup_available=0, lookup_match_len=0).source == "draft"  # by its priors
+    controller.record_draft("draft", 300, 0.3, 4, 4 * 0.030)
     controller.record_round("draft", 4, 4)
     assert controller.draft_status().startswith("off for this session")
     assert controller.draft_status().startswith("off for this session: a draft step costs 1.49 of a target step")
     teach(controller, "draft", 1, 1.0)  # even perfect acceptance later does not bring it back
-    assert choose(controller, lookup_available=0, lookup_match_len=0, generated=10**6).method == "none"
+    assert choose(controller, lookup_available=0, lookup_match_len=0, generated=10**6).source == "none"
 
 
 def test_an_unused_draft_keeps_its_acceptance_estimate():
@@ -280,7 +299,7 @@ def test_an_unused_draft_keeps_its_acceptance_estimate():
     for _ in range(300):
         controller.record_round("none", 0, 0)
     assert controller.acceptance("draft") == low
-    assert choose(controller, lookup_available=0, lookup_match_len=0).method == "none"
+    assert choose(controller, lookup_available=0, lookup_match_len=0).source == "none"
 
 
 def test_a_slow_spell_leaves_no_stale_costs():
@@ -292,7 +311,7 @@ def test_a_slow_spell_leaves_no_stale_costs():
         controller.record_round("none", 0, 0)
         controller.costs.record_pass(1, CPU[1])
     assert controller.costs.pass_cost(9) == pytest.approx(CPU[9])
-    assert choose(controller, lookup_available=64, lookup_match_len=4).method == "lookup"
+    assert choose(controller, lookup_available=64, lookup_match_len=4).source == "lookup"
 
 
 def test_remembered_costs_let_the_first_long_copy_take_the_length_that_pays():
@@ -359,11 +378,11 @@ def test_loading_the_draft_is_charged_to_its_first_use():
     the catch-up is charged."""
     controller = measured(GPU, method="auto", has_draft_model=True, draft_cost_ratio=0.15, draft_load_s=0.5)
     in_step = dict(lookup_available=0, lookup_match_len=0, draft_catch_up=lambda: 2)
-    assert choose(controller, **in_step, generated=0, remaining=96).method == "none"
+    assert choose(controller, **in_step, generated=0, remaining=96).source == "none"
     assert controller.draft_status().startswith("not used: loading it and catching up on 2 tokens would cost 0.50 s")
-    assert choose(controller, **in_step, generated=2000, remaining=4000).method == "draft"
-    controller.record_draft(Source.DRAFT, 0, 0.0, 1, 0.003)
-    assert choose(controller, **in_step, generated=0, remaining=96).method == "draft"
+    assert choose(controller, **in_step, generated=2000, remaining=4000).source == "draft"
+    controller.record_draft("draft", 0, 0.0, 1, 0.003)
+    assert choose(controller, **in_step, generated=0, remaining=96).source == "draft"
 
 
 def test_a_recurrent_target_prices_drafts_past_its_snapshots():
@@ -385,7 +404,7 @@ def test_a_recurrent_target_prices_drafts_past_its_snapshots():
 def test_a_target_that_cannot_roll_back_never_speculates_and_says_why():
     controller = measured(CPU, method="auto", has_draft_model=True, speculation_off="no checkpoint")
     teach(controller, "lookup", 32, 0.99)
-    assert choose(controller, lookup_available=32, lookup_match_len=32).method == "none"
+    assert choose(controller, lookup_available=32, lookup_match_len=32).source == "none"
     assert "no checkpoint" in controller.draft_status()
 
 
@@ -395,18 +414,18 @@ def test_suffix_drafts_are_priced_by_their_own_acceptance_and_only_in_auto():
     teach(controller, "suffix", 8, 0.95)
     # Earlier answers predict this one better than the context does: auto drafts from them.
     plan = choose(controller, lookup_available=64, lookup_match_len=4, suffix_available=64, suffix_match_len=8)
-    assert plan.method == "suffix" and plan.k >= 8
+    assert plan.source == "suffix" and plan.k >= 8
     # The same match in the context's estimate was not touched by the suffix rounds, and vice versa.
     assert controller.acceptance("lookup", 8) < 0.9 < controller.acceptance("suffix", 8)
     assert controller.beliefs()["suffix_acceptance"][8] == round(controller.acceptance("suffix", 8), 3)
     # A history that keeps failing is left alone.
     teach(controller, "suffix", 8, 0.05, rounds=200)
     only_history = {"lookup_available": 0, "lookup_match_len": 0, "suffix_available": 64, "suffix_match_len": 8}
-    assert choose(controller, **only_history).method == "none"
+    assert choose(controller, **only_history).source == "none"
     # Fixed methods never draft from the history.
     lookup = measured(CPU, method="lookup")
     teach(lookup, "suffix", 8, 0.99)
-    assert choose(lookup, **only_history).method == "none"
+    assert choose(lookup, **only_history).source == "none"
 
 
 def test_offers_not_drafted_from_are_judged_by_what_the_target_emitted():
@@ -419,9 +438,9 @@ def test_offers_not_drafted_from_are_judged_by_what_the_target_emitted():
         offer = copy_offer("lookup", 8, 2)
         plan = controller.plan([offer])
         plans.append(plan)
-        controller.record_round(plan.method, plan.k, plan.k, offer.tokens[: plan.k + 1])  # the copy was right
-    assert plans[0].method == "none"
-    assert all(p.method == "lookup" for p in plans[-10:])
+        controller.record_round(plan.source, plan.k, plan.k, offer.tokens[: plan.k + 1])  # the copy was right
+    assert plans[0].source == "none"
+    assert all(p.source == "lookup" for p in plans[-10:])
     assert not any(p.explored for p in plans)
     assert controller.acceptance("lookup", 2) > 0.8
 
@@ -437,7 +456,7 @@ def test_exploring_a_drafter_that_does_not_pay_costs_a_bounded_share():
         right = i % 20 < 9
         accepted = min(plan.k, int(right))  # only ever the first token is right
         emitted = offer.tokens[:1] + [NOT_OFFERED] * bool(plan.k) if right else [NOT_OFFERED]
-        controller.record_round(plan.method, plan.k, accepted, emitted)
+        controller.record_round(plan.source, plan.k, accepted, emitted)
     beliefs = controller.beliefs()
     assert beliefs["explored_rounds"] > 10
     target_alone_s = rounds * CPU[1]  # about one token per round
@@ -454,7 +473,7 @@ def test_under_sampling_a_copy_is_judged_at_its_acceptance_probability_drafted_o
     controller = measured(costs, method="auto")
     estimates, drafted = [], 0
     for _ in range(3000):
-        offer = Offer(Source.LOOKUP, 1, 2, [0])
+        offer = Offer("lookup", 1, 2, [0])
         plan = controller.plan([offer])
         if plan.k:
             accepted, token = verify_sampled([0], None, [p, p], rng)
@@ -462,7 +481,7 @@ def test_under_sampling_a_copy_is_judged_at_its_acceptance_probability_drafted_o
         else:
             accepted, emitted = 0, [sample(p, rng)]
         drafted += plan.k
-        controller.record_round(plan.method, plan.k, accepted, emitted)
+        controller.record_round(plan.source, plan.k, accepted, emitted)
         estimates.append(controller.acceptance("lookup", 2))
     assert (drafted > 2500) == drafts  # a GPU drafts nearly every round, a CPU nearly never
     assert np.mean(estimates[500:]) == pytest.approx(0.3, abs=0.02)

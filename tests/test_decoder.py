@@ -13,7 +13,7 @@ from localspec.engine.decoding import acceptance
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams, probabilities, sample
 from localspec.engine.decoding.stats import GenerationStats
-from localspec.engine.drafters.base import TARGET_ALONE, Source
+from localspec.engine.drafters.base import TARGET_ALONE
 from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import HistoryStore
@@ -263,13 +263,13 @@ def test_auto_gives_up_a_draft_that_never_pays(make_tiny_model, tiny_target, bas
     decoder = SpeculativeDecoder(target, draft=draft, method="auto", draft_cost_ratio=0.01)
     prompt, expected = baselines[1]
     assert generate(decoder, prompt) == expected
-    assert 1 <= decoder.stats.rounds_by_method.get("draft", 0) <= 2
+    assert 1 <= decoder.stats.rounds_by_source.get("draft", 0) <= 2
     assert decoder.stats.draft_status.startswith("off for this session: a draft step costs")
     assert decoder.stats.to_dict()["draft_status"] == decoder.stats.draft_status
     held = list(draft.model.tokens)
     for prompt, expected in baselines:
         assert generate(decoder, prompt) == expected
-        assert "draft" not in decoder.stats.rounds_by_method
+        assert "draft" not in decoder.stats.rounds_by_source
     assert draft.model.tokens == held[: len(draft.model.tokens)]  # rolled back, never fed again
 
 
@@ -286,9 +286,9 @@ def test_each_priced_choice_shows_what_the_planner_expected_against_what_came(ti
     alone = planned[TARGET_ALONE]
     assert alone["rounds"] > 0 and alone["tokens"] == alone["rounds"] and alone["tokens_ratio"] == 1.0
     assert 0.3 < alone["time_ratio"] < 3.0, alone
-    lookup = planned[Source.LOOKUP]
-    assert 0 < lookup["rounds"] <= stats.rounds_by_method[Source.LOOKUP]
-    assert lookup["rounds"] < lookup["tokens"] <= stats.accepted_by_method[Source.LOOKUP] + lookup["rounds"]
+    lookup = planned["lookup"]
+    assert 0 < lookup["rounds"] <= stats.rounds_by_source["lookup"]
+    assert lookup["rounds"] < lookup["tokens"] <= stats.accepted_by_source["lookup"] + lookup["rounds"]
 
 
 def test_draft_catch_up_is_priced_as_proposed(tiny_target, tiny_draft, baselines):
@@ -321,7 +321,7 @@ def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, basel
     suffix_drafted = 0
     for prompt, expected in baselines:
         assert generate(second, prompt) == expected
-        suffix_drafted += second.stats.accepted_by_method.get("suffix", 0)
+        suffix_drafted += second.stats.accepted_by_source.get("suffix", 0)
     assert suffix_drafted > 0, "the history was never drafted from, so the test proved nothing"
 
     wrong = HistoryStore(None)
@@ -333,7 +333,7 @@ def test_a_warm_history_drafts_and_greedy_output_is_unchanged(tiny_target, basel
     for _ in range(2):
         for prompt, expected in baselines:
             assert generate(third, prompt) == expected
-            rejected += third.stats.drafted_by_method.get("suffix", 0) - third.stats.accepted_by_method.get("suffix", 0)
+            rejected += third.stats.drafted_by_source.get("suffix", 0) - third.stats.accepted_by_source.get("suffix", 0)
     assert rejected > 0
 
 
@@ -358,7 +358,7 @@ def test_suffix_drafts_scored_by_how_they_fared_leave_greedy_output_unchanged(ti
         for prompt, expected in baselines:
             steps = list(decoder.generate(prompt, max_tokens=48))
             assert [t for step in steps for t in step.tokens] == expected
-            suffix_rounds += [(step.drafted, step.accepted) for step in steps if step.method == "suffix"]
+            suffix_rounds += [(step.drafted, step.accepted) for step in steps if step.source == "suffix"]
     assert fed_back == suffix_rounds  # every suffix round, its drafted tokens' sources and how many passed
     assert any(accepted < drafted for drafted, accepted in fed_back), "no rejection was scored: the test proved nothing"
 
@@ -376,7 +376,7 @@ def test_sampled_output_with_suffix_drafts_follows_target_distribution(sampling_
 
     def counting(*args, **kwargs):
         yield from plain(*args, **kwargs)
-        by_method.update(decoder.stats.drafted_by_method)
+        by_method.update(decoder.stats.drafted_by_source)
 
     decoder.generate = counting
     pvalue, drafted, accepted = sequence_pvalue(decoder, prompt, dist)

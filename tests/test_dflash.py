@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.cli.app import app
-from localspec.engine.drafters.base import Offer, Source
+from localspec.engine.drafters.base import Offer
 from localspec.engine.drafters.dflash import DFlashDrafter
 from localspec.engine.drafters.mtp import MtpDrafter
 from localspec.engine.planner.controller import Controller
@@ -57,7 +57,7 @@ def test_a_block_is_priced_as_one_pass_of_its_rows_not_a_step_per_token():
     (scaled like the target's 7-row pass), where a chained head pays 6 steps."""
     plans = {}
     for cls in (DFlashDrafter, MtpDrafter):
-        controller = Controller(cls.source, drafters=[cls], heads={cls.source: ""})
+        controller = Controller(cls.source, drafters=[cls])
         for _ in range(3):
             controller.costs.record_pass(1, 0.100)
         for size in range(2, 17):
@@ -69,7 +69,7 @@ def test_a_block_is_priced_as_one_pass_of_its_rows_not_a_step_per_token():
         assert controller.step_cost(cls.source) == pytest.approx(0.030)
         controller.record_round(cls.source, 6, 6)
         plans[cls.source] = controller.plan([Offer(cls.source, 16)])
-    block, chained = plans[Source.DFLASH], plans[Source.MTP]
+    block, chained = plans["dflash"], plans["mtp"]
     assert block.k > chained.k
     # The block's expected rate: its tokens over the target's pass and the head's pass, both of k + 1 rows.
     rows = 1 + 0.25 * block.k

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from localspec.engine.decoding.sampling import SamplingParams
-from localspec.engine.drafters.base import RoundState, Source
+from localspec.engine.drafters.base import RoundState
 from tests.test_companion_heads import LAYERS, TARGET, generate, make_decoder
 from tests.tiny_models import write_tiny_eagle3_head, write_tiny_model
 
@@ -21,10 +21,10 @@ def test_a_head_with_its_own_smaller_vocabulary_drafts_only_those_tokens(tmp_pat
     expected = generate(baseline, prompt)
     decoder = make_decoder((target, head), draft_len=4)
     assert generate(decoder, prompt) == expected
-    assert decoder.stats.drafted_by_method.get("eagle3", 0) > 0
+    assert decoder.stats.drafted_by_source.get("eagle3", 0) > 0
     context = prompt + expected
     generate(decoder, context[:-1], max_tokens=1)
-    drafter = decoder.drafter(Source.EAGLE3)
+    drafter = decoder.drafter("eagle3")
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
     state = RoundState(context, 4, sampling, np.random.default_rng(3))
     draft = drafter.draft(drafter.offer(state), 4, state)

@@ -1,4 +1,4 @@
-"""scripts/gpu_check's measuring half (scripts/bench_gpu.py), run here on a CPU at small shapes: a lent GPU
+"""scripts/gpu_check's measuring half (scripts/bench/gpu.py), run here on a CPU at small shapes: a lent GPU
 gets about 15 minutes in a session, so every step it runs after the CUDA build must have run here first."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def bench_gpu(*args: str) -> str:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), *args],
+    done = subprocess.run([sys.executable, "-m", "scripts.bench.gpu", *args],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout

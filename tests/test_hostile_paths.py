@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec import paths
-from localspec.store import cache as store
 from localspec.cli.app import app
 from localspec.errors import UnsafePathError
 from localspec.profiles import ModelSpec
+from localspec.store import cache as store
 from tests.tiny_models import TinySpec, tiny_model_bytes
 
 GOOD = {"repo": "owner/name", "file": "model.gguf"}

@@ -13,7 +13,6 @@ import pytest
 from localspec.conversation import Conversation
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams
-from localspec.engine.drafters.base import Source
 from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.llama.memory import CHECKPOINT, SNAPSHOTS
 from localspec.engine.llama.model import Model
@@ -150,8 +149,8 @@ def test_planted_mistakes_roll_back_to_the_target_alone_output(hybrid, baseline,
     prompt, expected = baseline
     decoder = make_decoder(target, method=method, draft_len=draft_len, **options)
     wrong = next(t for t in range(3, 300) if t not in expected)
-    decoder.drafter(Source.LOOKUP).proposer = PlantedMistakes(len(prompt), expected, wrong)
-    planted = decoder.drafter(Source.LOOKUP).proposer
+    decoder.drafter("lookup").proposer = PlantedMistakes(len(prompt), expected, wrong)
+    planted = decoder.drafter("lookup").proposer
     assert generate(decoder, prompt) == expected
     stats = decoder.stats
     assert planted.rounds > 0, "the planted drafts were never asked for"

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from localspec.conversation import Conversation
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams
-from localspec.engine.drafters.base import RoundState, Source
+from localspec.engine.drafters.base import RoundState
 from localspec.engine.llama.model import Model
 from localspec.errors import UsageError
 from tests.test_bench_stock import run_bench, stock_bin  # noqa: F401 (a fixture)
@@ -46,7 +46,7 @@ def make_decoder(path, *, method="mtp", draft_len=None, snapshots=0, min_confide
     target = Model(path, n_ctx=N_CTX, n_threads=1, load_mtp=method != "none", rollback_snapshots=snapshots)
     decoder = SpeculativeDecoder(target, method=method, draft_len=draft_len)
     for drafter in decoder.drafters:
-        if drafter.source == Source.MTP:
+        if drafter.source == "mtp":
             drafter.min_confidence = min_confidence
     return decoder
 
@@ -73,7 +73,7 @@ def test_the_head_loads_only_when_asked_and_mtp_needs_one(make_tiny_model, tiny_
     assert Model(path, n_ctx=64).mtp_layers == 0
     with pytest.raises(UsageError, match="method mtp needs the target's own MTP head"):
         SpeculativeDecoder(Model(tiny_target, n_ctx=64, load_mtp=True), method="mtp")
-    assert all(d.source != Source.MTP for d in SpeculativeDecoder(Model(path, n_ctx=64)).drafters)
+    assert all(d.source != "mtp" for d in SpeculativeDecoder(Model(path, n_ctx=64)).drafters)
 
 
 def test_a_head_that_agrees_by_construction_has_every_greedy_draft_accepted(make_tiny_model):
@@ -83,7 +83,7 @@ def test_a_head_that_agrees_by_construction_has_every_greedy_draft_accepted(make
     out = generate(decoder, prompt)
     stats = decoder.stats
     assert stats.drafted > 30 and stats.accepted == stats.drafted
-    assert stats.to_dict()["by_method"]["mtp"]["accepted"] == stats.accepted
+    assert stats.to_dict()["by_source"]["mtp"]["accepted"] == stats.accepted
     assert out == generate(make_decoder(path, method="none"), prompt)
 
 
@@ -95,7 +95,7 @@ def test_greedy_output_of_every_method_equals_target_alone(head_model, baseline,
     decoder = make_decoder(path, method=method, draft_len=draft_len, snapshots=ROLLBACKS[rollback])
     assert generate(decoder, prompt) == expected
     if method == "mtp":
-        assert decoder.stats.drafted_by_method.get("mtp", 0) > 0
+        assert decoder.stats.drafted_by_source.get("mtp", 0) > 0
 
 
 @pytest.mark.parametrize("rollback", list(ROLLBACKS))
@@ -115,7 +115,7 @@ def test_the_head_after_rollbacks_drafts_as_a_fresh_head_would(head_model, basel
     prompt, expected = baseline
     used = make_decoder(path, draft_len=5)
     assert generate(used, prompt) == expected
-    assert_drafts_as_fresh(used, make_decoder(path, draft_len=5), prompt + expected, Source.MTP)
+    assert_drafts_as_fresh(used, make_decoder(path, draft_len=5), prompt + expected, "mtp")
 
 
 def assert_drafts_as_fresh(used: SpeculativeDecoder, fresh: SpeculativeDecoder, context: list[int], source) -> None:
@@ -172,7 +172,7 @@ def test_run_json_shows_the_head_as_a_method(make_tiny_model):
         data = json.loads(result.stdout)
         texts[method] = data["text"]
     stats = data["stats"]
-    assert stats["by_method"]["mtp"]["drafted"] > 0
+    assert stats["by_source"]["mtp"]["drafted"] > 0
     assert 0 < stats["controller"]["mtp_acceptance"] <= 1
     assert texts["mtp"] == texts["none"]
 
@@ -185,7 +185,7 @@ def test_serve_answers_three_requests_as_a_fresh_server_would(make_tiny_model):
 
     def decoder():
         opened = open_decoder(Pair(path, None, "tiny"), ModelOptions(n_ctx=N_CTX, threads=1), method="mtp")
-        assert opened.drafter(Source.MTP) is not None
+        assert opened.drafter("mtp") is not None
         return opened
 
     assert_serve_answers_as_fresh_servers_would(decoder)
@@ -276,7 +276,7 @@ def test_the_head_reads_the_hidden_state_before_its_token_through_rollbacks(make
     context's last token, whatever rolled back before (an off-by-one or a stale row breaks the echo)."""
     path = mtp_model(make_tiny_model, "echoing-head", seed=3, logit_scale=8.0, trunk_scale=0.0, mtp_echoes=True)
     decoder = make_decoder(path, draft_len=3, snapshots=ROLLBACKS[rollback])
-    drafter = decoder.drafter(Source.MTP)
+    drafter = decoder.drafter("mtp")
     seen = []
     draft = drafter.draft
 

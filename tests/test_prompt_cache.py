@@ -401,9 +401,9 @@ def test_a_hybrid_target_restores_the_previous_turns_prompt_between_side_request
     assert cached[2] >= prompts[0] and cached[4] >= prompts[1]
 
 
-# -- scripts/bench_agents.py on a recorded-style session -------------------------------------------------------
+# -- scripts/bench/agents.py on a recorded-style session -------------------------------------------------------
 def load_bench():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_agents.py"
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "agents.py"
     spec = importlib.util.spec_from_file_location("bench_agents", path)
     module = sys.modules["bench_agents"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
     spec.loader.exec_module(module)
@@ -516,7 +516,7 @@ def test_bench_agents_record_passes_answers_through_and_writes_each_request(tiny
         port = s.getsockname()[1]
     out = tmp_path / "recorded.jsonl"
     with serving(open_worker(tiny_target, None, cache=None)) as server:
-        script = Path(__file__).resolve().parent.parent / "scripts" / "bench_agents.py"
+        script = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "agents.py"
         proxy = subprocess.Popen([sys.executable, str(script), "record", "--upstream",
                                   server.base_url.removesuffix("/v1"), "--port", str(port), "--out", str(out)],
                                  stderr=subprocess.PIPE)

@@ -84,7 +84,7 @@ def test_greedy_output_is_target_alone_token_for_token(real_models, baselines, m
         assert tokens == expected, f"{method}: first difference at token {first_difference}"
         drafted += stats.drafted
         print(f"{method:7} {stats.generated_tokens:4} tokens, acceptance {stats.acceptance_rate:.0%}, "
-              f"{stats.rounds} target passes, {stats.decode_tok_per_s:.1f} tok/s")
+              f"{stats.target_passes} target passes, {stats.decode_tok_per_s:.1f} tok/s")
     assert min(len(t) for t in baselines.values()) >= 128
     if method != "auto":
         assert drafted > 0
@@ -98,5 +98,5 @@ def test_auto_drafting_from_a_warm_answer_history_is_target_alone_token_for_toke
         for prompt in PROMPTS:
             tokens, stats = answer_tokens(target, draft, prompt, "auto", history=history)
             assert tokens == baselines[prompt]
-            from_history += stats.accepted_by_method.get("suffix", 0)
+            from_history += stats.accepted_by_source.get("suffix", 0)
     assert from_history > 0

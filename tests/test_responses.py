@@ -8,7 +8,14 @@ import httpx
 import pytest
 
 from tests.test_server import (  # noqa: F401 (tiny_server and tools_server are fixtures)
-    QUESTION, READ_TOOL, SYSTEM, TIMEOUT_S, ask, client, tiny_server, tools_server,
+    QUESTION,
+    READ_TOOL,
+    SYSTEM,
+    TIMEOUT_S,
+    ask,
+    client,
+    tiny_server,
+    tools_server,
 )
 
 TOOLS = [{"type": "function", **READ_TOOL["function"]}]
@@ -117,7 +124,14 @@ def test_bad_input_gets_an_openai_error(tools_server, name, request_body, code):
 def test_real_pair_tool_loop(qwen_pair):
     """As tests/test_server.py's: a forced call, its result, an auto step, an answer without tools."""
     from tests.test_server import (
-        EDIT_TOOLS, REAL_FILE, REAL_TASK, REAL_TIMEOUT_S, open_worker, read_the_file, real_call_is_valid, serving,
+        EDIT_TOOLS,
+        REAL_FILE,
+        REAL_TASK,
+        REAL_TIMEOUT_S,
+        open_worker,
+        read_the_file,
+        real_call_is_valid,
+        serving,
     )
 
     tools = [{"type": "function", **t["function"]} for t in EDIT_TOOLS]

@@ -323,7 +323,7 @@ def test_a_forced_call_is_valid_and_streams_as_openai_deltas(tools_server):
     assert call.type == "function" and call.function.name == "read_file" and call.id.startswith("call_")
     assert json.loads(call.function.arguments)["path"] in ("a.py", "b.py")
     # Forced tokens (the wrapper, the name, the keys) are drafted by the grammar and all accepted.
-    by_method = whole.model_extra["timings"]["by_method"]
+    by_method = whole.model_extra["timings"]["by_source"]
     assert by_method["grammar"]["drafted"] == by_method["grammar"]["accepted"] > 10
 
     options = dict(model="tiny", messages=TOOL_QUESTION, tools=[READ_TOOL, LINES_TOOL], tool_choice=FORCE_READ,

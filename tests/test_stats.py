@@ -31,7 +31,7 @@ def test_pooled_figures_equal_those_of_one_generation_with_every_round():
     pooled = GenerationStats.pooled([_recorded(first, 3), _recorded(second, 12)])
     together = _recorded(first + second, 15)
     for key in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "per_position_drafted",
-                "by_method", "drafted", "accepted", "target_passes", "generated_tokens", "planned"):
+                "by_source", "drafted", "accepted", "target_passes", "generated_tokens", "planned"):
         assert pooled.to_dict()[key] == together.to_dict()[key], key
 
 

@@ -10,10 +10,10 @@ from collections import namedtuple
 import pytest
 
 from localspec import paths
-from localspec.store import cache as store
-from localspec.store import cache
 from localspec.errors import StoreError, UsageError
 from localspec.profiles import ModelSpec
+from localspec.store import cache
+from localspec.store import cache as store
 from tests.fake_index import fake_payload, hidden_leftovers
 
 PAYLOAD = fake_payload(300_000)

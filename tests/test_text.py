@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from localspec.engine.decoding.decoder import SpeculativeDecoder
-from localspec.engine.decoding.text import STOP_STRING, stream_text
+from localspec.engine.decoding.stats import StopReason
+from localspec.engine.decoding.text import stream_text
 from localspec.engine.llama.model import Model
 
 
@@ -42,4 +43,4 @@ def test_a_stop_string_in_the_round_that_ends_the_budget_is_still_the_reason(tin
     pieces = list(decoder.stream(prompt, stop=(stop,), max_tokens=budget))
     assert "".join(p.text for p in pieces) == full[: -len(stop)] and pieces[-1].stop == stop
     assert decoder.stats.generated_tokens == budget  # the stop string came in the budget's last round
-    assert decoder.stats.stop_reason == STOP_STRING
+    assert decoder.stats.stop_reason == StopReason.STOP_STRING

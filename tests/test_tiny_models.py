@@ -1,5 +1,5 @@
 """The tiny recurrent and hybrid test models load in llama.cpp and compute, and so does the Qwen3.5-shaped
-model of scripts/make_hybrid_model.py at a tiny size."""
+model of scripts/models/hybrid.py at a tiny size."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from localspec.engine.llama.model import Model
 from tests.tiny_models import TinySpec, write_tiny_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_hybrid_model.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "models" / "hybrid.py"
 
 
 def load_script():

@@ -248,7 +248,7 @@ def _prompt_figures(record: PromptRecord, greedy: bool) -> dict:
         "expected_speedup": _round(_median_or_none(m.expected_speedup for m in runs), 3),
         "identical": (record.difference is None) if greedy else None,
         "ttft_s": _round(_median_or_none(s.first_token_s for s in stats), 4),
-        "target_passes": median(s.rounds for s in stats),
+        "target_passes": median(s.target_passes for s in stats),
         "acceptance_rate": GenerationStats.pooled(stats).to_dict()["acceptance_rate"],
     }
 

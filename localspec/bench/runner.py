@@ -17,7 +17,8 @@ How figures are kept honest on a shared, noisy machine:
 - Greedy speculative output is compared token by token with the baseline's.
 - Next to the measured speedup, the speedup Leviathan et al.'s formula predicts from this run's measured
   acceptance and measured costs: per round, expected tokens 1 + a + ... + a^k for a target pass of k + 1
-  tokens plus k draft steps, against one token per one-token pass. The gap is overhead and model error.
+  tokens plus the drafting, priced by the planner's own rule, against one token per one-token pass. The
+  gap is overhead and model error.
 
 Each configuration gets its own decoder (and so its own controller and learned acceptance) over the
 shared target and draft weights, so one configuration's beliefs never leak into another's figures.
@@ -157,29 +158,29 @@ def compare_tokens(
 
 def expected_speedup(steps: Sequence[Step], controller: Controller, baseline: Controller) -> float | None:
     """Leviathan's predicted speedup for these rounds, from their measured acceptance and the costs
-    ``controller`` measured (``baseline``'s target passes where it timed no one-token pass).
+    ``controller`` measured (``baseline``'s target passes where it timed no one-token pass), each round
+    priced as the planner prices it (``Controller.round_seconds``).
 
     ``steps`` are the verification rounds (not the prefill step). Acceptance per source is the
     geometric-model estimate accepted / judged, where a round judges the drafts up to the first rejection.
     """
     accepted: dict[str, int] = {}
-    judged_by_method: dict[str, int] = {}
+    judged_by_source: dict[str, int] = {}
     for step in steps:
         if step.drafted:
-            accepted[step.method] = accepted.get(step.method, 0) + step.accepted
-            judged_by_method[step.method] = judged_by_method.get(step.method, 0) + judged(step.drafted, step.accepted)
+            accepted[step.source] = accepted.get(step.source, 0) + step.accepted
+            judged_by_source[step.source] = judged_by_source.get(step.source, 0) + judged(step.drafted, step.accepted)
     passes = controller.costs if controller.costs.one is not None else baseline.costs
-    one = passes.pass_cost(1)
     tokens = seconds = 0.0
     for step in steps:
         k = step.drafted
-        verify, draft_step = passes.pass_cost(k + 1), controller.step_cost(step.method) if k else 0.0
-        if one is None or verify is None or draft_step is None:
+        round_s = controller.round_seconds(step.source, k, passes)
+        if round_s is None:
             return None
-        acceptance = accepted.get(step.method, 0) / judged_by_method[step.method] if k else 0.0
+        acceptance = accepted.get(step.source, 0) / judged_by_source[step.source] if k else 0.0
         tokens += expected_tokens([acceptance] * k)[k]
-        seconds += verify + k * draft_step
-    return tokens * one / seconds if seconds > 0 else None
+        seconds += round_s
+    return tokens * passes.one / seconds if seconds > 0 else None
 
 
 class BenchRunner:

@@ -74,6 +74,9 @@ from localspec.bench.runner import (
 )
 from localspec.bench.workloads import BenchPrompt
 from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.stats import StopReason
+from localspec.engine.drafters.mtp import MtpDrafter
+from localspec.engine.drafters.registry import method_missing
 from localspec.engine.llama.model import Model
 from localspec.errors import LocalspecError, UsageError
 
@@ -330,7 +333,7 @@ class StockComparison:
         self.runner = BenchRunner(
             decoder, BenchSettings(settings.configs, runs=settings.runs, max_tokens=settings.max_tokens)
         )
-        model, mtp = decoder.draft is not None, decoder.controller.heads.get("mtp") == ""
+        model, mtp = decoder.draft is not None, not method_missing(MtpDrafter.source, decoder.controller.missing)
         companion = decoder.head.kind if decoder.head is not None else None
         stock = [e for e in STOCK_ENGINES if (model or not e.uses_draft) and (mtp or not e.uses_head)
                  and e.uses_companion in (None, companion)]
@@ -377,7 +380,7 @@ class StockComparison:
                 prefill_s=stats.prefill_s,
                 drafted=stats.drafted if drafts else None,
                 accepted=stats.accepted if drafts else None,
-                stopped=stats.stop_reason == "eos",
+                stopped=stats.stop_reason == StopReason.EOS,
             )
         if engine == STOCK_BASELINE:
             run = self._run_tool(engine, item, parse_completion)

@@ -32,7 +32,7 @@ from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import add_columns, err, out
-from localspec.engine.planner.controller import HEAD_METHODS, METHODS, check_method
+from localspec.engine.drafters.registry import HEAD_METHODS, METHODS, check_method, method_missing
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
 
@@ -127,12 +127,11 @@ def bench_command(
         raise UsageError(
             "--write-profile needs --profile: a profile stores where its models come from, local files do not"
         )
-    heads = decoder.controller.heads
+    missing = decoder.controller.missing
     if methods is None:  # the heads at hand are measured too
-        configs += _configs([m for m, why in heads.items() if why == ""], _draft_lens(draft_len))
+        configs += _configs([m for m in HEAD_METHODS if not method_missing(m, missing)], _draft_lens(draft_len))
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None, heads=heads,
-                     draft_fix="pass --draft PATH or use --profile")
+        check_method(config.method, missing=missing)
     settings = BenchSettings(
         configs,
         runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

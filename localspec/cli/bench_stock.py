@@ -19,7 +19,7 @@ from localspec.bench.runner import Config, ProgressCallback
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli import options as o
 from localspec.cli.console import add_columns, err, out
-from localspec.engine.planner.controller import check_method
+from localspec.engine.drafters.registry import HEAD_METHODS, check_method, method_missing
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
 
@@ -45,12 +45,12 @@ def compare_with_llama_cpp(
     tools = stock.find_tools(bin_dir)
     pair, decoder, _ = replace(generation, temp=0.0).open()
     # Beside stock draft-mtp, draft-eagle3 and draft-dflash, where the target has its own head or the draft is one.
-    heads = decoder.controller.heads
-    for method, missing in heads.items():
-        if missing == "" and not any(c.method == method for c in configs):
+    missing = decoder.controller.missing
+    for method in HEAD_METHODS:
+        if not method_missing(method, missing) and not any(c.method == method for c in configs):
             configs = [*configs, Config(method)]
     for config in configs:
-        check_method(config.method, has_draft_model=decoder.draft is not None, heads=heads)
+        check_method(config.method, missing=missing)
     settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens)
     with progress() as update:
         comparison = stock.StockComparison(

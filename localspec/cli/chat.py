@@ -23,7 +23,7 @@ from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
 from localspec.engine.decoding.sampling import SamplingParams
-from localspec.engine.planner.controller import check_method
+from localspec.engine.drafters.registry import check_method
 from localspec.errors import LocalspecError, UsageError
 from localspec.tui import LiveView, stats_table
 

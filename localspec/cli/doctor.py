@@ -9,13 +9,13 @@ from pathlib import Path
 import typer
 
 from localspec import __version__, paths
-from localspec.store import cache as store
 from localspec.cli.console import err, format_size, out
 from localspec.engine.llama import kernels, machine
 from localspec.errors import GGUFError
 from localspec.gguf.header import read_header
 from localspec.gguf.heads import model_heads
 from localspec.gguf.memory import architecture, speculation_note
+from localspec.store import cache as store
 
 
 def doctor_command() -> None:

@@ -20,8 +20,9 @@ import typer
 from localspec.cli.console import rich_progress
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.drafters.draft_model import NO_DRAFT_MODEL, DraftModelDrafter
+from localspec.engine.drafters.registry import METHODS, check_method
 from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
-from localspec.engine.planner.controller import check_method
 from localspec.profiles import DEFAULT_PROFILE, Defaults
 from localspec.session import ModelOptions, Pair, ensure_compatible, open_decoder, resolve_pair
 
@@ -31,7 +32,7 @@ ProfileOpt = Annotated[
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file (instead of a profile).")]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="Draft GGUF file (same tokenizer as the target).")]
 MethodOpt = Annotated[
-    Optional[str], typer.Option("--method", help="none, draft, lookup, hybrid, mtp, eagle3, dflash or auto [default: profile's, else auto].")
+    Optional[str], typer.Option("--method", help=f"{', '.join(METHODS[:-1])} or {METHODS[-1]} [default: profile's, else auto].")
 ]
 DraftLenOpt = Annotated[
     Optional[int], typer.Option("--draft-len", min=1, help="Fixed draft length [default: chosen from measured costs].")
@@ -118,8 +119,8 @@ class GenerationOptions:
         defaults = pair.profile.defaults if pair.profile else Defaults()
         ensure_compatible(pair, force=self.force)
         method = _pick(self.method, defaults.method)
-        check_method(method, has_draft_model=pair.draft is not None, given_as="--method",
-                     draft_fix="pass --draft PATH or use --profile")
+        # The heads are known once the target is open; a missing draft model is known now.
+        check_method(method, missing={} if pair.draft else {DraftModelDrafter.source: NO_DRAFT_MODEL}, given_as="--method")
         options = ModelOptions(
             n_ctx=_pick(self.ctx, defaults.n_ctx),
             threads=_pick(self.threads, defaults.threads),

@@ -7,10 +7,10 @@ import json
 import typer
 from rich.table import Table
 
-from localspec.store import cache as store
 from localspec.cli.console import format_size, out
 from localspec.cli.listing import listing_group
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, list_profiles, load_profile
+from localspec.store import cache as store
 
 
 def _list(json_output: bool) -> None:

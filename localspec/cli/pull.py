@@ -6,11 +6,11 @@ from typing import Optional
 
 import typer
 
-from localspec.store import cache as store
 from localspec.cli.console import err, out, rich_progress
 from localspec.errors import IncompatibleError, UsageError
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, Profile, load_profile
 from localspec.session import pair_report
+from localspec.store import cache as store
 
 
 def pull_command(

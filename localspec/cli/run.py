@@ -13,6 +13,7 @@ from localspec.cli import options as o
 from localspec.cli.console import err, out
 from localspec.cli.interrupt import CtrlC
 from localspec.conversation import Conversation
+from localspec.engine.decoding.stats import StopReason
 from localspec.errors import ContextFullError, UsageError
 from localspec.tui import LiveView, PrefillBar
 
@@ -69,7 +70,7 @@ def run_command(
         err.print(stats.summary_line() + (" | interrupted" if ctrl_c.pressed else ""), highlight=False)
     if ctrl_c.pressed:
         raise typer.Exit(130)
-    if stats.stop_reason == "context_full":
+    if stats.stop_reason == StopReason.CONTEXT_FULL:
         raise ContextFullError(f"the context window ({decoder.target.n_ctx} tokens) filled up; use a larger --ctx")
 
 

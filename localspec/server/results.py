@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from localspec.engine.decoding.stats import GenerationStats
+from localspec.engine.decoding.stats import GenerationStats, StopReason
 from localspec.server.reasoning import ReasoningDelta
 from localspec.tool_calls import ToolCall, collect_calls
 
-# The engine's stop reasons for an answer cut short by the token budget or by the context window.
-_CUT_SHORT = ("length", "context_full")
+# The answer was cut short by the token budget or by the context window.
+_CUT_SHORT = (StopReason.LENGTH, StopReason.CONTEXT_FULL)
 
 
 def new_id(prefix: str) -> str:
@@ -46,7 +46,7 @@ def timings(stats: GenerationStats, method: str) -> dict:
         "draft_n": stats.drafted,
         "draft_n_accepted": stats.accepted,
         "method": method,
-        "by_method": figures["by_method"],
+        "by_source": figures["by_source"],
     }
 
 

@@ -176,7 +176,7 @@ class GenerationWorker:
             ) from None
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The prompt the model is given for ``request`` (for scripts/bench_agents.py's shared-prefix figures)."""
+        """The prompt the model is given for ``request`` (for scripts/bench/agents.py's shared-prefix figures)."""
         return self._prompt(request)[0]
 
     def _restore(self, prompt: list[int]) -> Restored | None:

@@ -19,18 +19,17 @@ import numpy as np
 
 from localspec.engine.decoding.acceptance import verify_greedy, verify_sampled
 from localspec.engine.decoding.sampling import ProbabilityRows, SamplingParams, probabilities, sample
-from localspec.engine.decoding.stats import GenerationStats, Idle
-from localspec.engine.decoding.text import STOP_STRING, Step, TextPiece, stream_text
-from localspec.engine.drafters.base import FORCED, MODEL, NO_DRAFT, TARGET_ALONE, BaseDrafter, Draft, RoundState, Source
+from localspec.engine.decoding.stats import GenerationStats, Idle, StopReason
+from localspec.engine.decoding.text import Step, TextPiece, stream_text
+from localspec.engine.drafters.base import FORCED, MODEL, NO_DRAFT, TARGET, TARGET_ALONE, BaseDrafter, Draft, RoundState
 from localspec.engine.drafters.draft_model import DraftModelDrafter
-from localspec.engine.drafters.mtp import unsupported_heads
-from localspec.engine.drafters.registry import DrafterInputs, make_drafters
+from localspec.engine.drafters.registry import DrafterInputs, make_drafters, missing_drafters, uses
 from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import HistoryStore
-from localspec.engine.planner.controller import HEAD_METHODS, Controller, Plan, method_uses
+from localspec.engine.planner.controller import Controller, Plan
 from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, output_share
 from localspec.errors import PromptTooLong, UsageError
-from localspec.gguf.heads import COMPANION_ARCHITECTURES, HeadFile
+from localspec.gguf.heads import HeadFile
 
 if TYPE_CHECKING:  # llguidance loads only for generations that use a grammar
     from localspec.engine.decoding.constraints import GrammarConstraint
@@ -69,13 +68,8 @@ class SpeculativeDecoder:
         self.draft = draft
         self.head = head
         self.history = history
-        # Only the drafters this method may draft from: another's per-token upkeep (the n-gram index) would
-        # be paid by every round for nothing, a large share of a round beside a GPU pass. The answer history
-        # is kept whatever the method, for the runs that draft from it later.
-        self.drafters: list[BaseDrafter] = [
-            d for d in make_drafters(DrafterInputs(target, draft, history, method, head))
-            if method_uses(method, d.source) or d.source == Source.SUFFIX
-        ]
+        inputs = DrafterInputs(target, draft, history, method, head)
+        self.drafters: list[BaseDrafter] = make_drafters(inputs)
         self.controller = Controller(
             method,
             draft_len=draft_len,
@@ -85,7 +79,7 @@ class SpeculativeDecoder:
             rollback_window=target.memory_plan.rollback_window,
             speculation_off=target.memory_plan.refused,
             step_cost_ratios={d.source: d.cost_ratio for d in self.drafters if d.cost_ratio is not None},
-            heads=self._head_status(method),
+            missing=missing_drafters(inputs, self.drafters),
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer
@@ -93,24 +87,13 @@ class SpeculativeDecoder:
         self.stats = GenerationStats()
         self.constraint: GrammarConstraint | None = None  # the running generation's grammar, if any
 
-    def _head_status(self, method: str) -> dict[str, str]:
-        """For each head method, why its head cannot draft in this decoder ("" when it can)."""
-        loaded = {d.source for d in self.drafters}
-        unsupported = unsupported_heads(self.target.mtp_layers)
-        status = {}
-        for kind in HEAD_METHODS:
-            if kind in loaded:
-                status[kind] = ""
-            elif kind == "mtp" and unsupported:
-                status[kind] = unsupported
-            elif kind != "mtp" and (self.head is None or self.head.kind != kind):
-                status[kind] = f"the pair's draft is not {COMPANION_ARCHITECTURES[kind]} head"
-            else:
-                status[kind] = f"it was not loaded for method {method} (start with {kind} or auto)"
-        return status
-
-    def drafter(self, source: Source) -> BaseDrafter:
+    def drafter(self, source: str) -> BaseDrafter:
         return next(d for d in self.drafters if d.source == source)
+
+    def close(self) -> None:
+        """Free what the drafters hold beside the target (a draft model's or a head's context)."""
+        for drafter in self.drafters:
+            drafter.close()
 
     def sibling(
         self, *, method: str, draft_len: int | None, history: HistoryStore | None, own_caches: bool = True
@@ -118,9 +101,9 @@ class SpeculativeDecoder:
         """A decoder on the same weights (a draft model only where ``method`` may use one), starting from
         this one's measured pass costs; with ``own_caches``, on a target context of its own."""
         ratio, load_s = self._draft_priors
-        draft = self.draft.another() if self.draft is not None and method_uses(method, Source.DRAFT) else None
+        draft = self.draft.another() if self.draft is not None and uses(method, DraftModelDrafter.source) else None
         target = self.target.another_context() if own_caches else self.target
-        head = self.head if self.head is not None and method_uses(method, Source(self.head.kind)) else None
+        head = self.head if self.head is not None and uses(method, self.head.kind) else None
         other = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio,
                                    draft_load_s=load_s, history=history, head=head, clock=self.clock)
         other.controller.remember(self.controller.costs.relative_costs())
@@ -154,7 +137,7 @@ class SpeculativeDecoder:
     def _text(self, steps: Iterator[Step], stop: Sequence[str]) -> Iterator[TextPiece]:
         for piece in stream_text(self.target, steps, stop=stop):
             if piece.stop:
-                self.stats.stop_reason = STOP_STRING  # the round may also have used up the budget
+                self.stats.stop_reason = StopReason.STOP_STRING  # the round may also have used up the budget
             yield piece
 
     def _generate(self, prompt, max_tokens, sampling, prefill_progress, constraint) -> Iterator[Step]:
@@ -193,7 +176,7 @@ class SpeculativeDecoder:
                 constraint.restrict(logits[None, :])
             token = int(np.argmax(logits)) if sampling.greedy else sample(probabilities(logits, sampling), rng)
             stats.record_round(TARGET_ALONE, 0, 0)  # the prefill pass produced the first token
-            step = self._emit(context, Step([token], [Source.TARGET], TARGET_ALONE, 0, 0), max_tokens)
+            step = self._emit(context, Step([token], [TARGET], TARGET_ALONE, 0, 0), max_tokens)
             stats.first_token_s = self.clock() - start
             yield step
             while stats.stop_reason is None:
@@ -206,6 +189,8 @@ class SpeculativeDecoder:
             stats.replayed_tokens = target.replayed_tokens - replayed
             for drafter in self.drafters:
                 drafter.end(context)
+            if self.history is not None:  # kept whatever the method, for the runs that draft from it later
+                self.history.add(prompt, context[len(prompt) :])
             stats.controller = self.controller.beliefs()
             stats.draft_status = self.controller.draft_status()
             self.constraint = None
@@ -218,7 +203,7 @@ class SpeculativeDecoder:
         started = self.clock()
         room = self.target.n_ctx - self.target.n_past - 1  # drafts that fit after [last token]
         if room < 0:
-            self.stats.stop_reason = "context_full"
+            self.stats.stop_reason = StopReason.CONTEXT_FULL
             return None
         budget = max_tokens - self.stats.generated_tokens
         # Plan: the drafters this method allows say what they could draft; the controller prices it.
@@ -230,7 +215,7 @@ class SpeculativeDecoder:
         plan = controller.plan(offers, generated=self.stats.generated_tokens, remaining=budget)
         k = max(0, min(plan.k, room, budget - 1))
         # Draft.
-        drafter = self.drafter(plan.method) if k else None
+        drafter = self.drafter(plan.source) if k else None
         drafting = self.clock()
         draft = drafter.draft(plan.offer, k, state) if drafter is not None else NO_DRAFT
         draft_s = self.clock() - drafting
@@ -242,14 +227,14 @@ class SpeculativeDecoder:
         else:
             accepted, token = verify_sampled(draft.tokens, draft.q, ProbabilityRows(logits, sampling), rng)
         drafted = len(draft.tokens)
-        method = draft.source if drafted else TARGET_ALONE
+        source = draft.source if drafted else TARGET_ALONE
         # Emit, then roll the rejected drafts (and after an end of generation, accepted ones) back out.
         tokens = draft.tokens[:accepted] + [token]
-        step = self._emit(context, Step(tokens, [draft.source] * accepted + [Source.TARGET], method, drafted, accepted),
+        step = self._emit(context, Step(tokens, [draft.source] * accepted + [TARGET], source, drafted, accepted),
                           max_tokens)
         rollback_s += self._roll_back(context)
         # Record.
-        self._record(plan, drafter, draft, accepted, method, step.tokens)
+        self._record(plan, drafter, draft, accepted, source, step.tokens)
         stats = self.stats
         stats.draft_s += draft_s
         stats.verify_s += verify_s
@@ -260,7 +245,7 @@ class SpeculativeDecoder:
         controller.costs.record_overhead(overhead)
         # A priced plan carried out as priced (a probe's figures are its hopes, not its expectation).
         if plan.expected_rate > 0 and k == plan.k and not plan.explored:
-            stats.record_plan(plan.method, plan.expected_tokens, plan.expected_tokens / plan.expected_rate,
+            stats.record_plan(plan.source, plan.expected_tokens, plan.expected_tokens / plan.expected_rate,
                               accepted + 1, elapsed)
         return step
 
@@ -288,7 +273,7 @@ class SpeculativeDecoder:
             self.controller.costs.record_restore(seconds, target.replayed_tokens - replayed)
         return seconds
 
-    def _record(self, plan: Plan, drafter: BaseDrafter | None, draft: Draft, accepted: int, method: str,
+    def _record(self, plan: Plan, drafter: BaseDrafter | None, draft: Draft, accepted: int, source: str,
                 emitted: Sequence[int]) -> None:
         """Tell the controller, the drafter and the stats how the round went."""
         drafted = len(draft.tokens)
@@ -298,24 +283,24 @@ class SpeculativeDecoder:
             )
         # Forced drafts say nothing about how well the other drafters guess.
         if drafter is None or drafter.kind != FORCED:
-            self.controller.record_round(method, drafted, accepted, emitted)
+            self.controller.record_round(source, drafted, accepted, emitted)
         if drafted:
             drafter.judged(plan.offer, draft, accepted)
         idle = None if drafted else plan.idle or (Idle.UNSURE if drafter is not None else None)
-        self.stats.record_round(method, drafted, accepted, idle=idle, explored=plan.explored)
+        self.stats.record_round(source, drafted, accepted, idle=idle, explored=plan.explored)
 
     def _emit(self, context: list[int], step: Step, max_tokens: int) -> Step:
         """Cut the step at an end-of-generation token or the token budget, and append it to the context."""
         stats = self.stats
         for i, token in enumerate(step.tokens):
             if self.target.is_end_of_generation(token):
-                stats.stop_reason = "eos"
+                stats.stop_reason = StopReason.EOS
                 del step.tokens[i:], step.sources[i:]
                 break
         budget = max_tokens - stats.generated_tokens
         if len(step.tokens) >= budget:
             del step.tokens[budget:], step.sources[budget:]
-            stats.stop_reason = stats.stop_reason or "length"
+            stats.stop_reason = stats.stop_reason or StopReason.LENGTH
         context.extend(step.tokens)
         for drafter in self.drafters:
             drafter.extend(step.tokens)

@@ -28,6 +28,18 @@ class Idle(str, Enum):
     __format__ = str.__format__
 
 
+class StopReason(str, Enum):
+    """Why an answer ended (``GenerationStats.stop_reason``; the APIs map these to their own words)."""
+
+    EOS = "eos"  # the model ended it
+    LENGTH = "length"  # the token budget ran out
+    STOP_STRING = "stop_string"  # a stop string the caller gave
+    CONTEXT_FULL = "context_full"  # the context window ran out
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 @dataclass
 class Planned:
     """The planner's expectation for the rounds it priced with one choice, against what they gave: so a
@@ -66,12 +78,12 @@ class GenerationStats:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually evaluated (the rest came from the KV cache)
     generated_tokens: int = 0
-    rounds: int = 0  # target passes that produced a token: the prefill's, then one per verification
+    target_passes: int = 0  # passes that produced a token: the prefill's, then one per verification
     drafted: int = 0
     accepted: int = 0
-    drafted_by_method: dict[str, int] = field(default_factory=dict)
-    accepted_by_method: dict[str, int] = field(default_factory=dict)
-    rounds_by_method: dict[str, int] = field(default_factory=dict)
+    drafted_by_source: dict[str, int] = field(default_factory=dict)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    rounds_by_source: dict[str, int] = field(default_factory=dict)
     # per_position_drafted[i] / per_position_accepted[i]: drafts that reached position i / were accepted there.
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
@@ -82,7 +94,7 @@ class GenerationStats:
     rollback_s: float = 0.0  # recurrent state: checkpoints saved, restored and accepted tokens replayed
     replayed_tokens: int = 0  # tokens evaluated again because a recurrent state could not cut them out
     first_token_s: float | None = None  # time to first token, from the start of the generation
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
     kernels: str = ""  # "exact" (bit-identical verification) or "fast" (stock kernels), see engine/llama/kernels.py
     memory: str = ""  # the target's memory and how it rolls back (MemoryPlan.describe)
     controller: dict = field(default_factory=dict)  # the controller's cost and acceptance beliefs at the end
@@ -92,19 +104,20 @@ class GenerationStats:
     memory_kind: str = ""  # the target's MemoryKind
     planned: dict[str, Planned] = field(default_factory=dict)  # by the planner's choice (its priced rounds)
 
-    def record_round(self, method: str, drafted: int, accepted: int, *, idle: Idle | None = None,
+    def record_round(self, source: str, drafted: int, accepted: int, *, idle: Idle | None = None,
                      explored: bool = False) -> None:
-        self.rounds += 1
+        """A round that drafted ``drafted`` tokens from ``source`` (TARGET_ALONE: none) and kept ``accepted``."""
+        self.target_passes += 1
         self.explored_rounds += explored
         if idle is not None:
             self.idle[idle] = self.idle.get(idle, 0) + 1
-        self.rounds_by_method[method] = self.rounds_by_method.get(method, 0) + 1
+        self.rounds_by_source[source] = self.rounds_by_source.get(source, 0) + 1
         if drafted == 0:
             return
         self.drafted += drafted
         self.accepted += accepted
-        self.drafted_by_method[method] = self.drafted_by_method.get(method, 0) + drafted
-        self.accepted_by_method[method] = self.accepted_by_method.get(method, 0) + accepted
+        self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + drafted
+        self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + accepted
         while len(self.per_position_drafted) < drafted:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
@@ -122,15 +135,15 @@ class GenerationStats:
         """Counts and times of several generations added up, so figures pooled over runs use the same rules."""
         total = cls()
         for s in generations:
-            for name in ("prompt_tokens", "prefill_tokens", "generated_tokens", "rounds", "drafted", "accepted",
+            for name in ("prompt_tokens", "prefill_tokens", "generated_tokens", "target_passes", "drafted", "accepted",
                          "prefill_s", "draft_s", "verify_s", "overhead_s", "rollback_s", "replayed_tokens",
                          "explored_rounds"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
-            for mine, theirs in ((total.drafted_by_method, s.drafted_by_method),
-                                 (total.accepted_by_method, s.accepted_by_method),
-                                 (total.rounds_by_method, s.rounds_by_method), (total.idle, s.idle)):
-                for method, n in theirs.items():
-                    mine[method] = mine.get(method, 0) + n
+            for mine, theirs in ((total.drafted_by_source, s.drafted_by_source),
+                                 (total.accepted_by_source, s.accepted_by_source),
+                                 (total.rounds_by_source, s.rounds_by_source), (total.idle, s.idle)):
+                for key, n in theirs.items():
+                    mine[key] = mine.get(key, 0) + n
             for mine, theirs in ((total.per_position_drafted, s.per_position_drafted),
                                  (total.per_position_accepted, s.per_position_accepted)):
                 mine.extend([0] * (len(theirs) - len(mine)))
@@ -147,7 +160,7 @@ class GenerationStats:
     @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per target pass (accepted drafts plus the target's own token)."""
-        return self.generated_tokens / self.rounds if self.rounds else 0.0
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -170,20 +183,20 @@ class GenerationStats:
             "prompt_tokens": self.prompt_tokens,
             "prefill_tokens": self.prefill_tokens,
             "generated_tokens": self.generated_tokens,
-            "target_passes": self.rounds,
+            "target_passes": self.target_passes,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 3),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
             "per_position_drafted": list(self.per_position_drafted),
-            "by_method": {
-                m: {
-                    "rounds": self.rounds_by_method.get(m, 0),
-                    "drafted": self.drafted_by_method.get(m, 0),
-                    "accepted": self.accepted_by_method.get(m, 0),
+            "by_source": {
+                s: {
+                    "rounds": self.rounds_by_source.get(s, 0),
+                    "drafted": self.drafted_by_source.get(s, 0),
+                    "accepted": self.accepted_by_source.get(s, 0),
                 }
-                for m in sorted(self.rounds_by_method)
+                for s in sorted(self.rounds_by_source)
             },
             "time_s": {
                 "prefill": round(self.prefill_s, 4),
@@ -212,19 +225,19 @@ class GenerationStats:
         if not self.drafted:
             reason = max(self.idle, key=self.idle.get) if self.idle else Idle.MEASURING
             return f"no drafts: {reason}"
-        speculated = self.rounds - self.rounds_by_method.get(TARGET_ALONE, 0)
-        sources = ", ".join(f"{m} {n}" for m, n in sorted(self.rounds_by_method.items()) if m != TARGET_ALONE)
+        speculated = self.target_passes - self.rounds_by_source.get(TARGET_ALONE, 0)
+        sources = ", ".join(f"{s} {n}" for s, n in sorted(self.rounds_by_source.items()) if s != TARGET_ALONE)
         probes = f"; {self.explored_rounds} exploratory" if self.explored_rounds else ""
-        return f"drafted in {speculated} of {self.rounds} rounds ({sources}{probes})"
+        return f"drafted in {speculated} of {self.target_passes} rounds ({sources}{probes})"
 
     def summary_line(self) -> str:
         """One plain line of figures for the end of an answer (the CLI's and the server log's)."""
-        parts = [f"{self.generated_tokens} tokens", f"{self.decode_tok_per_s:.1f} tok/s", f"{self.rounds} target passes"]
+        parts = [f"{self.generated_tokens} tokens", f"{self.decode_tok_per_s:.1f} tok/s", f"{self.target_passes} target passes"]
         if self.drafted:
-            by_method = ", ".join(
-                f"{m} {self.accepted_by_method.get(m, 0)}/{n}" for m, n in sorted(self.drafted_by_method.items())
+            by_source = ", ".join(
+                f"{s} {self.accepted_by_source.get(s, 0)}/{n}" for s, n in sorted(self.drafted_by_source.items())
             )
-            parts.append(f"accepted {self.acceptance_rate:.0%} ({by_method})")
+            parts.append(f"accepted {self.acceptance_rate:.0%} ({by_source})")
             parts.append(f"{self.mean_accepted_length:.2f} tokens/pass")
         parts.append(self.controller_note)
         parts.append(f"prefill {self.prefill_tokens} tok in {self.prefill_s:.2f}s")

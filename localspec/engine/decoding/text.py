@@ -6,11 +6,7 @@ import codecs
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from localspec.engine.drafters.base import Source
 from localspec.engine.llama.model import Model
-
-# GenerationStats.stop_reason when a stop string ended the answer (SpeculativeDecoder.stream sets it).
-STOP_STRING = "stop_string"
 
 
 @dataclass
@@ -18,8 +14,8 @@ class Step:
     """What one round emitted."""
 
     tokens: list[int]
-    sources: list[Source]  # per token
-    method: str  # the source drafted from, or TARGET_ALONE
+    sources: list[str]  # per token: TARGET or the drafter's source
+    source: str  # the source the round drafted from, or TARGET_ALONE
     drafted: int
     accepted: int
 
@@ -27,7 +23,7 @@ class Step:
 @dataclass
 class TextPiece:
     text: str
-    source: str  # a drafting.Source: where the token(s) behind this text came from
+    source: str  # where the token(s) behind this text came from: TARGET or a drafter's source
     step: Step  # the round it belongs to, for live figures
     stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 

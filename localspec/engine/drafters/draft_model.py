@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from localspec.engine.decoding.sampling import SamplingParams
-from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState
 from localspec.engine.drafters.model_drafting import DEFAULT_MIN_CONFIDENCE, draw_draft, split_catch_up
 from localspec.engine.llama.model import Model
 
 if TYPE_CHECKING:
     from localspec.engine.decoding.constraints import GrammarConstraint
 
+# Why a method that drafts with a draft model cannot run on a pair without one: the fix.
+NO_DRAFT_MODEL = "pass --draft PATH or use --profile"
 # Prior acceptance of a draft token until measured.
 PRIOR_DRAFT_ACCEPTANCE = 0.6
 
@@ -31,9 +33,12 @@ class DraftModelDrafter(BaseDrafter):
     The model is loaded on first use, so ``--method auto`` never pays for a draft it does not pick.
     """
 
-    source = Source.DRAFT
+    source = "draft"
     kind = MODEL
     prior = {1: PRIOR_DRAFT_ACCEPTANCE}
+    methods = ("draft", "hybrid")
+    style = "cyan"
+    needs = "a draft model"
 
     def __init__(self, load: Callable[[], Model], *, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> None:
         self._load = load
@@ -55,7 +60,11 @@ class DraftModelDrafter(BaseDrafter):
         return DraftModelDrafter(lambda: self.model.another_context(), min_confidence=self.min_confidence)
 
     @classmethod
-    def make(cls, inputs) -> DraftModelDrafter | None:
+    def missing(cls, inputs) -> str:
+        return "" if inputs.draft is not None else NO_DRAFT_MODEL
+
+    @classmethod
+    def make(cls, inputs) -> DraftModelDrafter:
         return inputs.draft
 
     def offer(self, state: RoundState) -> Offer:

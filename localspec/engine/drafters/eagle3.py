@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.engine.drafters.base import Source
-from localspec.engine.drafters.model_drafting import ChainedHeadDrafter, companion_cost_ratio, companion_file
+from localspec.engine.drafters.model_drafting import ChainedHeadDrafter, companion_cost_ratio, companion_missing
 from localspec.engine.llama.heads import Eagle3Head
 from localspec.engine.llama.model import Model
 from localspec.gguf.heads import HeadFile
@@ -27,8 +26,11 @@ PRIOR_EAGLE3_ACCEPTANCE = 0.6
 class Eagle3Drafter(ChainedHeadDrafter):
     """Drafts with an EAGLE-3 head given as the pair's draft file (``gguf/heads.py`` checks it fits)."""
 
-    source = Source.EAGLE3
+    source = "eagle3"
     prior = {1: PRIOR_EAGLE3_ACCEPTANCE}
+    methods = ("eagle3",)
+    style = "bright_blue"
+    needs = "an EAGLE-3 head as the draft"
 
     def __init__(self, target: Model, head: HeadFile) -> None:
         target.capture_layer_inputs(head.layers)
@@ -37,9 +39,12 @@ class Eagle3Drafter(ChainedHeadDrafter):
         self.cost_ratio = companion_cost_ratio(self.head.n_params, target)
 
     @classmethod
-    def make(cls, inputs) -> Eagle3Drafter | None:
-        head = companion_file(cls, inputs)
-        return None if head is None else cls(inputs.target, head)
+    def missing(cls, inputs) -> str:
+        return companion_missing(cls, inputs)
+
+    @classmethod
+    def make(cls, inputs) -> Eagle3Drafter:
+        return cls(inputs.target, inputs.head)
 
     def entries(self, context: Sequence[int]) -> Sequence[int]:
         return context[1:]  # the first entry needs the target's layer inputs at a token before it

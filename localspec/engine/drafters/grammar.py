@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.engine.drafters.base import FORCED, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.base import FORCED, BaseDrafter, Draft, Offer, RoundState
 
 
 class GrammarDrafter(BaseDrafter):
@@ -12,8 +12,9 @@ class GrammarDrafter(BaseDrafter):
     rejected draft position, never a different answer.
     """
 
-    source = Source.GRAMMAR
+    source = "grammar"
     kind = FORCED
+    style = "yellow"
     prior = {1: 1.0}
 
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localspec.engine.drafters.base import COPY, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.base import COPY, BaseDrafter, Draft, Offer, RoundState
 from localspec.engine.drafters.lookup_index import PromptLookupIndex
 from localspec.engine.tokens import common_prefix_length
 
@@ -14,16 +14,18 @@ from localspec.engine.tokens import common_prefix_length
 LOOKUP_MAX_NGRAM = 8
 # Prior acceptance per drafted token, keyed by match length (4 stands for 4-7): a match of 8 tokens or more
 # is a copy in progress, the likelier to go on the longer it has run. Chosen by replay on the shipped
-# workloads' greedy answers (scripts/replay_lookup.py).
+# workloads' greedy answers (scripts/replay/lookup.py).
 PRIOR_LOOKUP_ACCEPTANCE = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.65, 8: 0.85, 16: 0.95, 32: 0.98, 64: 0.99}
 
 
 class LookupDrafter(BaseDrafter):
     """Prompt lookup as a drafter: offers what the longest earlier match continues with, for free."""
 
-    source = Source.LOOKUP
+    source = "lookup"
     kind = COPY
     prior = PRIOR_LOOKUP_ACCEPTANCE
+    methods = ("lookup", "hybrid")  # hybrid: the draft model only where lookup offers nothing
+    style = "green"
 
     def __init__(self) -> None:
         self.proposer = PromptLookupIndex(max_ngram=LOOKUP_MAX_NGRAM)

@@ -18,6 +18,8 @@ import numpy as np
 
 from localspec.engine.decoding.sampling import SamplingParams, probabilities, sample
 from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState
+from localspec.engine.planner.costs import companion_head_cost_ratio
+from localspec.gguf.heads import COMPANION_ARCHITECTURES
 
 if TYPE_CHECKING:
     from localspec.engine.decoding.constraints import GrammarConstraint
@@ -92,20 +94,21 @@ def draw_draft(
     return tokens, None if sampling.greedy else qs, steps
 
 
-def companion_file(cls: type[BaseDrafter], inputs):
-    """The companion head file (``inputs.head``) drafter ``cls`` drafts with: one of its kind, where the
-    method uses it; else None."""
-    from localspec.engine.planner.controller import method_uses  # the controller prices the drafters
-
+def companion_missing(cls: type[BaseDrafter], inputs) -> str:
+    """Why drafter ``cls`` cannot draft with the pair's draft file (``inputs.head``): it is not a head of
+    its kind; "" when it is."""
     head = inputs.head
-    return head if head is not None and head.kind == cls.source and method_uses(inputs.method, cls.source) else None
+    if head is not None and head.kind == cls.source:
+        return ""
+    return f"the pair's draft is not {COMPANION_ARCHITECTURES[cls.source]} head"
 
 
 def companion_cost_ratio(head_params: int, target) -> float:
-    """A companion head's pass against a target pass, by parameters until measured: its own, and an output
-    projection counted at the target's size (it lends the target's, or carries a smaller one of its own)."""
-    output = target.n_vocab * target.n_embd_out
-    return min(1.0, (head_params + output) / max(target.n_params, 1))
+    """The prior for a pass of a companion head of ``head_params`` parameters against a pass of ``target``
+    (the rule: ``costs.companion_head_cost_ratio``)."""
+    return companion_head_cost_ratio(
+        head_params, n_vocab=target.n_vocab, n_embd=target.n_embd_out, n_params=target.n_params
+    )
 
 
 class ChainedHeadDrafter(BaseDrafter):
@@ -121,6 +124,7 @@ class ChainedHeadDrafter(BaseDrafter):
     """
 
     kind = MODEL
+    drafts_with_head = True
     min_confidence = HEAD_MIN_CONFIDENCE
 
     def entries(self, context: Sequence[int]) -> Sequence[int]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.engine.drafters.base import Source
 from localspec.engine.drafters.model_drafting import HEAD_MIN_CONFIDENCE, ChainedHeadDrafter
 from localspec.engine.llama.heads import MtpHead
 from localspec.engine.llama.model import Model
-from localspec.engine.planner.costs import output_share
+from localspec.engine.planner.costs import mtp_head_cost_ratio
 
 # Prior acceptance of a head's draft token until measured (reported first-token rates for Qwen3.5/3.6 and
 # DeepSeek-V3 heads run 0.7-0.9; chained steps fare worse).
@@ -24,8 +23,11 @@ PRIOR_MTP_ACCEPTANCE = 0.7
 class MtpDrafter(ChainedHeadDrafter):
     """Drafts with the target's MTP head; needs a target loaded with ``load_mtp`` and one head."""
 
-    source = Source.MTP
+    source = "mtp"
     prior = {1: PRIOR_MTP_ACCEPTANCE}
+    methods = ("mtp",)
+    style = "blue"
+    needs = "the target's own MTP head"
 
     def __init__(self, target: Model, *, min_confidence: float = HEAD_MIN_CONFIDENCE) -> None:
         target.capture_hidden()
@@ -35,12 +37,11 @@ class MtpDrafter(ChainedHeadDrafter):
         self.cost_ratio = head_cost_ratio(target)
 
     @classmethod
-    def make(cls, inputs) -> MtpDrafter | None:
-        from localspec.engine.planner.controller import method_uses  # the controller prices the drafters
+    def missing(cls, inputs) -> str:
+        return unsupported_heads(inputs.target.mtp_layers) or ""
 
-        # Keeping hidden states changes the target's prompt passes, so a method without the head goes without.
-        if not method_uses(inputs.method, cls.source) or unsupported_heads(inputs.target.mtp_layers):
-            return None
+    @classmethod
+    def make(cls, inputs) -> MtpDrafter:
         return cls(inputs.target)
 
     def states(self, start: int, stop: int) -> np.ndarray:
@@ -60,7 +61,8 @@ def unsupported_heads(layers: int) -> str | None:
 
 
 def head_cost_ratio(target: Model) -> float:
-    """A head step's cost relative to a target step, from the shapes, until measured: one block of the
-    trunk's and the output projection, which on a small model with a large vocabulary is most of a pass."""
-    share = output_share(target.n_vocab, target.n_embd_out, target.n_params)
-    return share + (1.0 - share) / max(target.n_layers, 1)
+    """The prior for a step of ``target``'s MTP head against a target step, from its shapes (the rule:
+    ``costs.mtp_head_cost_ratio``)."""
+    return mtp_head_cost_ratio(
+        n_vocab=target.n_vocab, n_embd=target.n_embd_out, n_params=target.n_params, n_layers=target.n_layers
+    )

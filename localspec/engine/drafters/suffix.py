@@ -3,9 +3,7 @@ the answers on disk persist/history.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from localspec.engine.drafters.base import COPY, BaseDrafter, Draft, Offer, RoundState, Source
+from localspec.engine.drafters.base import COPY, BaseDrafter, Draft, Offer, RoundState
 from localspec.engine.persist.history import HistoryStore
 
 # Suffix decoding copies earlier answers, priced like lookup by the length of the match its occurrences
@@ -15,23 +13,20 @@ PRIOR_SUFFIX_ACCEPTANCE = {1: 0.1, 4: 0.4, 8: 0.7, 16: 0.85, 32: 0.95}
 
 
 class SuffixDrafter(BaseDrafter):
-    """Suffix decoding as a drafter: offers the continuation earlier answers best support; tells the
-    history how each draft fared, and hands it the answer at the end."""
+    """Suffix decoding as a drafter: offers the continuation earlier answers best support, and tells the
+    history how each draft fared (the decoder hands it each answer, whatever the method)."""
 
-    source = Source.SUFFIX
+    source = "suffix"
     kind = COPY
     prior = PRIOR_SUFFIX_ACCEPTANCE
+    style = "magenta"
 
     def __init__(self, history: HistoryStore) -> None:
         self.history = history
-        self._prompt: Sequence[int] = ()
 
     @classmethod
     def make(cls, inputs) -> SuffixDrafter | None:
         return None if inputs.history is None else cls(inputs.history)
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self._prompt = prompt
 
     def offer(self, state: RoundState) -> Offer | None:
         draft = self.history.index.propose(state.context, state.limit)
@@ -44,6 +39,3 @@ class SuffixDrafter(BaseDrafter):
 
     def judged(self, offer: Offer, draft: Draft, accepted: int) -> None:
         self.history.record(offer.sources[: len(draft.tokens)], accepted)
-
-    def end(self, context: Sequence[int]) -> None:
-        self.history.add(self._prompt, context[len(self._prompt) :])

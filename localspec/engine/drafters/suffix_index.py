@@ -13,14 +13,13 @@ from, kept in memory for the session). Never drafted, the score is the share of 
 rejected again and again, a continuation is cut there or gives way to a competing branch; accepted, it
 drafts past splits its share alone would stop at. Where occurrences disagree the best-scoring branch is
 taken, and the draft stops once its score would fall below ``DEFAULT_MIN_SCORE``. Only what is drafted
-changes; verification still decides every token. It drafts the best branch only, not a token tree, as
-measured (``scripts/replay_suffix.py``, agent-repeat): verifying the runner-up branch beside the draft
-moved the replayed speedup from 1.023x to 1.019x cold and from 1.989x to 2.004x warm, and even a tree
-that paid for the runner-up only when it won would reach 1.022x and 2.104x; a tree would also need
-several sequence ids per verifying pass, which the exact kernels and the rollback are not written for.
+changes; verification still decides every token. It drafts the best branch only, not a token tree: in
+replays of the agent-repeat slice a runner-up branch verified beside the draft gained next to nothing
+(the README has the figures), and a tree would need several sequence ids per verifying pass, which the
+exact kernels and the rollback are not written for.
 
 The index is numpy arrays, not a Python suffix tree: 10 million stored tokens take about 180 MB (20 MB of
-it the outcomes) and a lookup costs about 0.1 ms (median, ``scripts/bench_suffix.py``). Each position is
+it the outcomes) and a lookup costs about 0.1 ms (median, ``scripts/bench/suffix_index.py``). Each position is
 keyed by a hash of the ``KEY_LEN`` tokens before it; the keys are sorted once, and answers added later go
 into a small second table that is folded into the first when it grows.
 """
@@ -59,7 +58,7 @@ class SuffixDraft:
     continues matched (up to ``MAX_MATCH``); ``sources``, the stored position each token is drafted from
     (for ``SuffixIndex.record``); ``runner_up``, at the first place the occurrences disagreed, (the draft
     position there, the stored position the next-best branch continues from), or None (what a token tree
-    would verify beside the draft: ``scripts/replay_suffix.py`` measures it). Empty when the context's
+    would verify beside the draft: ``scripts/replay/suffix.py`` measures it). Empty when the context's
     last ``KEY_LEN`` tokens never occurred."""
 
     tokens: list[int]

@@ -128,7 +128,7 @@ def _open_companion(path: Path, target: Model, name: str):
     params.n_rs_seq = 0
     model = None
     try:
-        model = target._internals.Model(path_model=str(path), params=model_params, verbose=False)
+        model = target._internals.LlamaModel(path_model=str(path), params=model_params, verbose=False)
         return model, target._internals.LlamaContext(model=model, params=params, verbose=False)
     except ValueError as exc:
         if model is not None:

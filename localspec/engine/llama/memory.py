@@ -14,7 +14,7 @@ from localspec.gguf.memory import MemoryKind
 # verification of up to that many drafts rolls back in place. Off by default: every pass then writes its
 # snapshots, and at Qwen3.5 0.8B's shapes 8 of them slow even a one-token pass by ~8% (the target alone
 # would run slower than stock llama.cpp's), while a checkpoint costs ~6% of a one-token pass per
-# verification plus a replay after a rejection, and only when speculating (scripts/bench_rollback.py).
+# verification plus a replay after a rejection, and only when speculating (scripts/bench/rollback.py).
 DEFAULT_ROLLBACK_SNAPSHOTS = 0
 
 # How the rejected drafts of a verification leave a recurrent state.

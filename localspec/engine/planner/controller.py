@@ -9,9 +9,7 @@ A copy drafter's offer is judged every round it is made, drafted from or not: th
 emitted say how much of it the target would have accepted (greedy, exactly; sampling, in expectation,
 as a copied token is accepted with probability p(x), the chance the target emits x). So copy estimates
 follow the text at no cost, and an answer that copies badly stops drafting after its first few offers
-rather than after its first few failed drafts. Replayed on bench's prompts (scripts/replay_lookup.py,
-2-core AMD EPYC pass costs), auto went from 1.33x to 1.37x on code-rewrite and 0.98x to 1.00x on
-code-new at 96 tokens, from 1.38x to 1.43x on multi-turn at 256, and lost on no slice.
+rather than after its first few failed drafts.
 
 Where nothing beats the target alone, it does not speculate, except for a bounded exploration: a copy
 drafter whose estimate may be too low (its hopeful rate would pay: few offers of that match length seen)
@@ -31,36 +29,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from localspec.engine.decoding.stats import Idle
-from localspec.engine.drafters.base import COPY, FORCED, MODEL, TARGET_ALONE, Offer, Source
-from localspec.engine.drafters.registry import DRAFTERS
+from localspec.engine.drafters.base import COPY, FORCED, MAX_COPY_DRAFT, MODEL, TARGET_ALONE, Offer
+from localspec.engine.drafters.draft_model import DraftModelDrafter
+from localspec.engine.drafters.registry import AUTO, DEFAULT_METHOD, DRAFTERS, check_method, uses
 from localspec.engine.llama.kernels import MAX_VERIFY_BATCH
 from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
 from localspec.engine.planner.estimates import Acceptance, MatchAcceptance, expected_tokens
 from localspec.engine.tokens import common_prefix_length
 from localspec.errors import UsageError
 
-METHODS = ("none", "draft", "lookup", "hybrid", "mtp", "eagle3", "dflash", "auto")
-DEFAULT_METHOD = "auto"
-DRAFT_MODEL_METHODS = ("draft", "hybrid")
-# The drafters each fixed method may use (hybrid: the draft model only where lookup offers nothing);
-# ``auto`` uses every registered one.
-METHOD_SOURCES = {
-    "none": frozenset(),
-    "lookup": frozenset({Source.GRAMMAR, Source.LOOKUP}),
-    "draft": frozenset({Source.GRAMMAR, Source.DRAFT}),
-    "hybrid": frozenset({Source.GRAMMAR, Source.LOOKUP, Source.DRAFT}),
-    "mtp": frozenset({Source.GRAMMAR, Source.MTP}),
-    "eagle3": frozenset({Source.GRAMMAR, Source.EAGLE3}),
-    "dflash": frozenset({Source.GRAMMAR, Source.DFLASH}),
-}
-# The methods that draft with a head, and what each needs.
-HEAD_METHODS = {
-    "mtp": "the target's own MTP head",
-    "eagle3": "an EAGLE-3 head as the draft",
-    "dflash": "a DFlash head as the draft",
-}
-DRAFTER_KINDS = {cls.source: cls.kind for cls in DRAFTERS}
-DEFAULT_LOOKUP_MAX = 64
 MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus the drafts
 DEFAULT_DRAFT_MAX = 16
 # An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
@@ -73,7 +50,7 @@ PROBE_MAX = 4
 
 @dataclass(frozen=True)
 class Plan:
-    method: str  # the source to draft from, or TARGET_ALONE
+    source: str  # the drafter's source to draft from, or TARGET_ALONE
     k: int  # tokens to draft (0 for the target alone)
     expected_tokens: float
     expected_rate: float  # tokens per second, 0 when costs are not yet known
@@ -86,33 +63,10 @@ def _target_only(why: Idle, rate: float = 0.0) -> Plan:
     return Plan(TARGET_ALONE, 0, 1.0, rate, idle=why)
 
 
-def method_uses(method: str, source: Source) -> bool:
-    """Whether ``method`` may draft from ``source`` (``auto``: any registered drafter)."""
-    return source in DRAFTER_KINDS if method == "auto" else source in METHOD_SOURCES[method]
-
-
-def check_method(
-    method: str,
-    *,
-    has_draft_model: bool | None = None,
-    heads: Mapping[str, str] = {},
-    given_as: str = "method",
-    draft_fix: str = "open a pair with a draft model",
-) -> str:
-    """The one check of a method name, and (when ``has_draft_model`` / ``heads`` are known) that it can run.
-
-    ``heads``: for each of HEAD_METHODS, why its head cannot draft ("" when it can; absent when not known).
-
-    ``given_as`` names where the user wrote it (``--method``, ``/method``), so the error points there;
-    ``draft_fix`` says how that front end gives a draft model.
-    """
-    if method not in METHODS:
-        raise UsageError(f"unknown {given_as} {method!r}; use one of {', '.join(METHODS)}")
-    if has_draft_model is False and method in DRAFT_MODEL_METHODS:
-        raise UsageError(f"{given_as} {method} needs a draft model: {draft_fix}")
-    if heads.get(method):
-        raise UsageError(f"{given_as} {method} needs {HEAD_METHODS[method]}: {heads[method]}")
-    return method
+def _drafting_seconds(costs: Costs, k: int, step_cost: float, block: bool) -> float:
+    """Seconds a model drafter spends drafting ``k`` tokens: ``k`` steps, or for a block drafter one pass of
+    k + 1 rows, scaled from a one-row ``step_cost`` as the target's passes scale (``costs``)."""
+    return step_cost * costs.pass_cost(k + 1) / costs.one if block else k * step_cost
 
 
 class _ModelDrafter:
@@ -130,7 +84,8 @@ class Controller:
     """Chooses a ``Plan`` per round from the offers; see the module docstring for the model.
 
     Args:
-        method: one of METHODS; fixed methods still let the controller pick k unless ``draft_len`` is set.
+        method: one of registry.METHODS; fixed methods still let the controller pick k unless ``draft_len``
+            is set.
         draft_len: fixed draft length, or None to let the controller choose (capped by it in "auto").
         draft_cost_ratio: prior for (draft step time / one-token target pass) before it is measured.
         draft_load_s: seconds loading the draft model will take, charged to its first use.
@@ -140,7 +95,7 @@ class Controller:
         drafters: the drafter classes whose offers it prices (their ``source``, ``kind`` and ``prior``).
         step_cost_ratios: model drafters that know their own prior step cost (an MTP head from its shapes),
             and need no loading; the others take ``draft_cost_ratio`` and ``draft_load_s``.
-        heads: why each head method's head cannot draft, "" when it can (see ``check_method``).
+        missing: why each drafter that needs something cannot draft, by source (see ``check_method``).
     """
 
     def __init__(
@@ -150,17 +105,17 @@ class Controller:
         draft_len: int | None = None,
         has_draft_model: bool = False,
         draft_cost_ratio: float = DEFAULT_DRAFT_COST_RATIO,
-        lookup_max: int = DEFAULT_LOOKUP_MAX,
+        lookup_max: int = MAX_COPY_DRAFT,
         draft_max: int = DEFAULT_DRAFT_MAX,
         draft_load_s: float = 0.0,
         rollback_window: int | None = None,
         speculation_off: str | None = None,
         drafters: Sequence[type] = DRAFTERS,
         step_cost_ratios: Mapping[str, float] = {},
-        heads: Mapping[str, str] = {},
+        missing: Mapping[str, str] = {},
     ) -> None:
         self.has_draft_model = has_draft_model
-        self.heads = dict(heads)
+        self.missing = dict(missing)
         self.rollback_window = rollback_window
         self.speculation_off = speculation_off
         self._limits = (lookup_max, draft_max)
@@ -189,7 +144,7 @@ class Controller:
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
-        check_method(method, has_draft_model=self.has_draft_model, heads=self.heads)
+        check_method(method, missing=self.missing)
         if draft_len is not None and not 1 <= draft_len <= MAX_DRAFT_LEN:
             raise UsageError(f"draft length must be between 1 and {MAX_DRAFT_LEN}, got {draft_len}")
         lookup_max, draft_max = self._limits
@@ -203,9 +158,9 @@ class Controller:
         """The most tokens any plan drafts: what a drafter's offer need not exceed."""
         return max(self.lookup_max, self.draft_max)
 
-    def allows(self, source: Source) -> bool:
+    def allows(self, source: str) -> bool:
         """Whether this method drafts from ``source`` at all (the decoder asks only those for offers)."""
-        return self.speculation_off is None and source in self._kinds and method_uses(self.method, source)
+        return self.speculation_off is None and source in self._kinds and uses(self.method, source)
 
     # -- measurements ----------------------------------------------------------------------------
     def begin_answer(self) -> None:
@@ -237,7 +192,7 @@ class Controller:
             return
         if model is not None:
             model.acceptance.record(drafted, accepted)
-            if self.method == "auto" and model.off is None:
+            if self.method == AUTO and model.off is None:
                 self._check_model(source, model)
 
     def record_draft(self, source: str, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
@@ -257,15 +212,24 @@ class Controller:
         model = self._models.get(source)
         return 0.0 if model is None else self.costs.step_cost(model.costs)
 
-    def round_seconds(self, source: str, k: int) -> float | None:
-        """Seconds a round drafting ``k`` tokens from ``source`` spends in the target pass and the drafter."""
-        verify, step = self.costs.pass_cost(k + 1), self.step_cost(source) if k else 0.0
-        return None if verify is None or step is None else verify + k * step
+    def round_seconds(self, source: str, k: int, passes: Costs | None = None) -> float | None:
+        """Seconds a round drafting ``k`` tokens from ``source`` spends in the target pass and the drafter;
+        None before a one-token pass is measured.
+
+        ``passes``: the target's pass costs to price it with, by default this controller's own (bench prices
+        a fixed draft length, which never times a one-token pass, with its baseline's).
+        """
+        passes = self.costs if passes is None else passes
+        verify = passes.pass_cost(k + 1)
+        model = self._models.get(source)
+        if verify is None or model is None or not k:
+            return verify
+        return verify + _drafting_seconds(passes, k, passes.step_cost(model.costs), model.block)
 
     def beliefs(self) -> dict:
         """The controller's current costs and estimates, for stats and the live view."""
         costs = self.costs
-        draft = self._models.get(Source.DRAFT)
+        draft = self._models.get(DraftModelDrafter.source)
         figures = {
             # Remembered sizes are relative to a one-token pass, which a fixed draft length never times.
             "pass_s": {b: round(s, 5) for b, s in costs.measured_passes().items()},
@@ -289,11 +253,10 @@ class Controller:
             return f"no speculation on this target: {self.speculation_off}"
         if not self.has_draft_model:
             return None
-        if self.method in DRAFT_MODEL_METHODS:
-            return f"in use: method {self.method}"
-        if self.method != "auto":
-            return f"not used: method {self.method}"
-        model = self._models[Source.DRAFT]
+        if self.method != AUTO:
+            in_use = uses(self.method, DraftModelDrafter.source)
+            return f"{'in use' if in_use else 'not used'}: method {self.method}"
+        model = self._models[DraftModelDrafter.source]
         if model.off is not None:
             return f"off for this session: {model.off}"
         return model.declined or "in use: expected to beat the target alone at the latest choice"
@@ -301,9 +264,8 @@ class Controller:
     # -- decisions -------------------------------------------------------------------------------
     def _seconds(self, rates: Sequence[float], step_cost: float, block: bool = False) -> list[float]:
         """Expected seconds of a round drafting k = 1..len(rates) tokens (index k - 1): the target pass,
-        the draft steps (``block``: one pass of k + 1 rows, scaled from a one-row ``step_cost`` as the
-        target's passes scale), the overhead, and past a recurrent target's snapshots a checkpoint and,
-        should the draft be rejected, a restore and a replay."""
+        the drafting (``_drafting_seconds``), the overhead, and past a recurrent target's snapshots a
+        checkpoint and, should the draft be rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
         overhead = costs.overhead
         seconds = []
@@ -316,8 +278,7 @@ class Controller:
                 reach *= rates[k - 1]
                 if k > window:
                     pass_cost += (costs.checkpoint_s or 0.0) + restore
-            drafting = step_cost * costs.pass_cost(k + 1) / costs.one if block else k * step_cost
-            seconds.append(pass_cost + drafting + overhead)
+            seconds.append(pass_cost + _drafting_seconds(costs, k, step_cost, block) + overhead)
         return seconds
 
     def best_plan(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
@@ -415,7 +376,7 @@ class Controller:
             generated, remaining: tokens of the answer so far and left in its budget (None: unbounded).
         """
         method = self.method
-        if method == "none":
+        if method == TARGET_ALONE:
             return _target_only(Idle.METHOD_NONE)
         if self.speculation_off is not None:
             return _target_only(Idle.NO_ROLLBACK)
@@ -428,16 +389,16 @@ class Controller:
                 return Plan(offer.source, offer.available, offer.available + 1.0, 0.0, offer)
             offered.setdefault(offer.source, offer)
         self._copy_offers = [offer for source, offer in offered.items() if source in self._copies]
-        lookup = offered.get(Source.LOOKUP)
-        if method == "hybrid" and lookup is not None:
-            offered.pop(Source.DRAFT, None)  # hybrid drafts with the model only where lookup has nothing
-        if self.draft_len is not None and method != "auto":
-            if lookup is not None:
-                return Plan(Source.LOOKUP, min(lookup.available, self.lookup_max), 0.0, 0.0, lookup)
-            model = next((o for s, o in offered.items() if self._kinds[s] == MODEL), None)
-            if model is None:
+        if method != AUTO and len(offered) > 1:
+            # A method several drafters name drafts from the first that offers, in the registry's order
+            # (hybrid: the draft model only where lookup has nothing).
+            first = next(iter(offered.values()))
+            offered = {first.source: first}
+        if self.draft_len is not None and method != AUTO:
+            if not offered:
                 return _target_only(Idle.NOTHING_OFFERED)
-            return Plan(model.source, min(self.draft_len, model.available), 0.0, 0.0, model)
+            offer = next(iter(offered.values()))
+            return Plan(offer.source, min(offer.available, self.draft_len), 0.0, 0.0, offer)
         if self.costs.one_token_samples() < TRUSTED_SAMPLES:
             # Every choice is priced against a one-token pass, so measure a few first (one alone may have
             # been slowed by another process, or by the first pass after a prefill).
@@ -445,13 +406,13 @@ class Controller:
         if not offered:
             return _target_only(Idle.NOTHING_OFFERED)
 
-        options = [_target_only(Idle.PRICED_OUT, self.target_alone_rate())] if method == "auto" else []
+        options = [_target_only(Idle.PRICED_OUT, self.target_alone_rate())] if method == AUTO else []
         models = []
         for source, offer in offered.items():
             if source in self._copies:
                 k_max = min(offer.available, self.lookup_max)
                 options.append(self.best_plan(source, self._copies[source].rates(offer.match_len, k_max), 0.0, offer))
-            elif method != "auto":
+            elif method != AUTO:
                 model = self._models[source]
                 rates = [model.acceptance.rate] * min(self.draft_max, offer.available)
                 options.append(self.best_plan(source, rates, self.costs.step_cost(model.costs), offer))
@@ -463,7 +424,7 @@ class Controller:
             if remaining is not None:
                 expected = min(expected, remaining)
             best = self._model_option(offer, best, expected) or best
-        if best.method == TARGET_ALONE:
+        if best.source == TARGET_ALONE:
             best = self._probe(list(offered.values())) or best
         return best
 

@@ -2,8 +2,11 @@
 steps and catch-up, the Python overhead per round, and a recurrent target's checkpoints and restores.
 
 Pass costs are kept relative to a one-token pass of their time, so a spell when another process slows
-the machine leaves no stale absolute cost for sizes that are then no longer in use; each is the median
-of the last few measurements, so one slow pass does not write a batch size off.
+the machine leaves no stale absolute cost for sizes that are then no longer in use. Every measured cost
+is the median of its last few measurements (``RecentMedian``).
+
+Until a head's step is measured, its cost is a prior from the shapes or parameters of the models
+(``mtp_head_cost_ratio``, ``companion_head_cost_ratio``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ MIN_SLOPE_BATCH = 4
 # A draft model's step before it is measured, relative to a target step, when nothing better is known
 # (open_decoder passes the ratio of the model files' sizes).
 DEFAULT_DRAFT_COST_RATIO = 0.5
-COST_EMA = 0.3
+# Measurements a cost is the median of.
 COST_WINDOW = 7
 # A batch size with fewer samples than this is not yet trusted.
 TRUSTED_SAMPLES = 3
@@ -36,8 +39,40 @@ def output_share(n_vocab: int, n_embd: int, n_params: int) -> float:
     return output / (max(n_params - 2 * output, 0) + output)
 
 
-def _ema(old: float | None, sample: float) -> float:
-    return sample if old is None else old + COST_EMA * (sample - old)
+def mtp_head_cost_ratio(*, n_vocab: int, n_embd: int, n_params: int, n_layers: int) -> float:
+    """An MTP head's step against a one-token target pass, from the target's shapes: one block of the
+    trunk's and the output projection, which on a small model with a large vocabulary is most of a pass.
+
+    The head's weights lie inside the target's file, counted in ``n_params``, so its size is known only
+    from the shapes; a companion head's file counts its own (``companion_head_cost_ratio``).
+    """
+    share = output_share(n_vocab, n_embd, n_params)
+    return share + (1.0 - share) / max(n_layers, 1)
+
+
+def companion_head_cost_ratio(head_params: int, *, n_vocab: int, n_embd: int, n_params: int) -> float:
+    """A companion head's (EAGLE-3's step, DFlash's one-row pass) against a one-token target pass, by
+    parameters: the head file's own, and an output projection counted at the target's size (it lends the
+    target's, or carries a smaller one of its own), against the target's ``n_params``."""
+    output = n_vocab * n_embd
+    return min(1.0, (head_params + output) / max(n_params, 1))
+
+
+class RecentMedian:
+    """A measured cost, as the median of its last ``COST_WINDOW`` measurements: one slow one (a pass
+    another process slowed, a round that met a garbage collection) barely moves it and soon rolls out,
+    where a running mean would carry it into the prices of many rounds."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=COST_WINDOW)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def add(self, sample: float) -> float:
+        """Keep ``sample`` (the oldest rolls out once ``COST_WINDOW`` are kept); the median after it."""
+        self.samples.append(sample)
+        return statistics.median(self.samples)
 
 
 class ModelDrafterCosts:
@@ -54,21 +89,22 @@ class ModelDrafterCosts:
         self.load_s = load_s
         self.step_s: float | None = None
         self.catch_up_per_token: float | None = None
+        self._steps, self._catch_ups = RecentMedian(), RecentMedian()
 
     def record(self, catch_up_tokens: int, catch_up_s: float, steps: int, steps_s: float) -> None:
         """One draft: a catch-up batch (0 tokens when it was in step), then its steps."""
         self.load_s = 0.0  # loaded now
         if catch_up_tokens:
-            self.catch_up_per_token = _ema(self.catch_up_per_token, catch_up_s / catch_up_tokens)
+            self.catch_up_per_token = self._catch_ups.add(catch_up_s / catch_up_tokens)
         if steps:
-            self.step_s = _ema(self.step_s, steps_s / steps)
+            self.step_s = self._steps.add(steps_s / steps)
 
 
 class Costs:
     """Measured costs, and estimates for what is not measured yet."""
 
     def __init__(self) -> None:
-        self._pass_samples: dict[int, deque[float]] = {}
+        self._pass_samples: dict[int, RecentMedian] = {}
         # Sizes whose oldest sample is a cost remembered from earlier sessions (until it rolls out).
         self._remembered: set[int] = set()
         self.one: float | None = None  # a one-token pass in seconds
@@ -81,7 +117,7 @@ class Costs:
         # A large prefill, as a verification of its size would cost: where long drafts are not measured yet,
         # what they may cost (a hint, never remembered as a measurement).
         self._anchor: tuple[int, float] | None = None
-        self._overhead_samples: deque[float] = deque(maxlen=COST_WINDOW)
+        self._overheads, self._checkpoints, self._restores = RecentMedian(), RecentMedian(), RecentMedian()
         self.overhead = 0.0
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
@@ -116,13 +152,12 @@ class Costs:
     def _add_sample(self, batch_size: int, value: float) -> float:
         if batch_size != 1:
             self._priced.clear()
-        samples = self._pass_samples.setdefault(batch_size, deque(maxlen=COST_WINDOW))
-        if len(samples) == samples.maxlen:
+        samples = self._pass_samples.setdefault(batch_size, RecentMedian())
+        if len(samples) == COST_WINDOW:
             self._remembered.discard(batch_size)  # a remembered cost is the first sample in: it rolls out first
-        samples.append(value)
         if batch_size not in self._relative:
             self._sizes = sorted((*self._relative, batch_size))
-        median = self._relative[batch_size] = statistics.median(samples)
+        median = self._relative[batch_size] = samples.add(value)
         return median
 
     def remember(self, relative: Mapping[int, float]) -> None:
@@ -157,7 +192,7 @@ class Costs:
         for batch_size in self.relative_costs():
             own = len(self._pass_samples[batch_size]) - (batch_size in self._remembered)
             if own >= TRUSTED_SAMPLES:
-                costs[batch_size] = statistics.median(list(self._pass_samples[batch_size])[-own:])
+                costs[batch_size] = statistics.median(list(self._pass_samples[batch_size].samples)[-own:])
         return costs
 
     def measured_passes(self) -> dict[int, float]:
@@ -222,20 +257,18 @@ class Costs:
 
     # -- the rest of a round ---------------------------------------------------------------------
     def record_checkpoint(self, seconds: float) -> None:
-        self.checkpoint_s = _ema(self.checkpoint_s, seconds)
+        self.checkpoint_s = self._checkpoints.add(seconds)
 
     def record_restore(self, seconds: float, replayed: int) -> None:
         """A restored checkpoint and the ``replayed`` tokens evaluated again on it; the replay itself is
         priced as a pass of that size, so only the rest is kept."""
         replay = self.pass_cost(replayed) or 0.0
-        self.restore_s = _ema(self.restore_s, max(0.0, seconds - replay))
+        self.restore_s = self._restores.add(max(0.0, seconds - replay))
 
     def record_overhead(self, seconds: float) -> None:
-        # A median, as for passes: one round that met a garbage collection (a full one took 46 ms, three
-        # passes of SmolLM2-135M on the 2-core AMD EPYC) must not price every round after it as dear, which
-        # made drafting look cheap per token for the next ten rounds.
-        self._overhead_samples.append(seconds)
-        self.overhead = statistics.median(self._overhead_samples)
+        """A round's own work beside its passes and drafting: a round priced dear would make drafting, whose
+        tokens share it, look cheap per token."""
+        self.overhead = self._overheads.add(seconds)
 
     # -- model drafters --------------------------------------------------------------------------
     def step_cost(self, model: ModelDrafterCosts) -> float | None:
