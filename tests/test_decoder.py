@@ -383,3 +383,16 @@ def test_sampled_output_with_suffix_drafts_follows_target_distribution(sampling_
     assert pvalue > ALPHA
     assert by_method["suffix"] > 0.5 * drafted, by_method
     assert 0.1 * drafted < accepted < 0.9 * drafted
+
+
+def test_closing_a_sibling_frees_its_own_caches_and_draft_and_leaves_the_original_answering(tiny_target, tiny_draft):
+    decoder = make_decoder(tiny_target, tiny_draft, method="draft", draft_len=2)
+    prompt = decoder.target.tokenize(PROMPTS[0], add_bos=True)
+    expected = [t for s in decoder.generate(prompt, max_tokens=8) for t in s.tokens]
+    sibling = decoder.sibling(method="draft", draft_len=2, history=None)
+    assert [t for s in sibling.generate(prompt, max_tokens=8) for t in s.tokens] == expected
+    drafter = sibling.drafter("draft")
+    assert drafter.loaded
+    sibling.close()
+    assert not drafter.loaded  # its own context on the shared draft weights is freed
+    assert [t for s in decoder.generate(prompt, max_tokens=8) for t in s.tokens] == expected

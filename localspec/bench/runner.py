@@ -204,6 +204,11 @@ class BenchRunner:
         }
         self.learn(None, 0)
 
+    def close(self) -> None:
+        """Free the configurations' decoders (their own caches and drafters); the given decoder stays open."""
+        for decoder in self.decoders.values():
+            decoder.close()
+
     def passes(self) -> tuple[str | None, ...]:
         """The passes over the prompts: cold then warm with an answer history (see the module docstring)."""
         return HISTORY_PASSES if any(config.history for config in self.settings.all_configs) else (None,)

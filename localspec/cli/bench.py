@@ -142,6 +142,7 @@ def bench_command(
         runner = BenchRunner(decoder, settings, progress=progress)
         result = runner.run(chosen)
     remember_pass_costs(runner.decoders.values())  # as a session does, for the sessions after it
+    runner.close()
 
     rows = report.build_rows(result)
     recommendations = report.recommend(rows)

@@ -58,6 +58,7 @@ def compare_with_llama_cpp(
         )
         result = comparison.run(prompts)
     remember_pass_costs(comparison.runner.decoders.values())  # as a session does, for the sessions after it
+    comparison.runner.close()
     rows = stock.build_rows(result)
     target = decoder.target
     title = (

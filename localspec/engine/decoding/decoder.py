@@ -84,6 +84,7 @@ class SpeculativeDecoder:
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer
         self.clock = clock
+        self.owns_target = False  # the caller made the target, and closes it
         self.stats = GenerationStats()
         self.constraint: GrammarConstraint | None = None  # the running generation's grammar, if any
 
@@ -91,9 +92,12 @@ class SpeculativeDecoder:
         return next(d for d in self.drafters if d.source == source)
 
     def close(self) -> None:
-        """Free what the drafters hold beside the target (a draft model's or a head's context)."""
+        """Free what the drafters hold beside the target (a draft model's or a head's context), and the
+        target's context where this decoder made it (a sibling's own caches)."""
         for drafter in self.drafters:
             drafter.close()
+        if self.owns_target:
+            self.target.close()
 
     def sibling(
         self, *, method: str, draft_len: int | None, history: HistoryStore | None, own_caches: bool = True
@@ -106,6 +110,7 @@ class SpeculativeDecoder:
         head = self.head if self.head is not None and uses(method, self.head.kind) else None
         other = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio,
                                    draft_load_s=load_s, history=history, head=head, clock=self.clock)
+        other.owns_target = own_caches
         other.controller.remember(self.controller.costs.relative_costs())
         return other
 
