@@ -11,7 +11,7 @@ model's and its checksum holds: a damaged file is deleted, a foreign one is neve
 Writes go to a temporary file renamed over the old one, so a file is whole or absent.
 
 A KV cache can cut a restored state anywhere, so any common prefix is usable. A recurrent or hybrid state
-cannot be cut (llama.cpp refuses, see backend.LlamaModel.rollback): it is restored only where it was
+cannot be cut (llama.cpp refuses, see engine.llama.model.Model.rollback): it is restored only where it was
 saved, when its tokens are a prefix of the prompt.
 
 Outputs: a restored state is, bit for bit, the one the earlier request's prefill built, so an answer is

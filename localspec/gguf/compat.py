@@ -127,7 +127,7 @@ def check_pair(
     draft_vocab_path: str | Path | None = None,
     open_tokenizer: Callable[[str | Path], ContextManager] | None = None,
 ) -> Report:
-    """Compare two GGUF headers (from ``gguf_header``); with both vocab paths and ``open_tokenizer`` (a
+    """Compare two GGUF headers (from ``header.read_header``); with both vocab paths and ``open_tokenizer`` (a
     context manager giving an object with ``tokenize(text)``, raising GGUFError), also compare tokenization."""
     t, d = _Side("target", target_header), _Side("draft", draft_header)
     heads = _heads_finding(t, d)

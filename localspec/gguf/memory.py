@@ -1,6 +1,6 @@
 """What a GGUF's architecture keeps in memory, read from its header alone (for ``check`` and ``doctor``).
 
-A loaded model asks llama.cpp itself (``engine.memory.MemoryPlan``); this table answers before any load,
+A loaded model asks llama.cpp itself (``engine.llama.memory.MemoryPlan``); this table answers before any load,
 from a header fetched over HTTP too. It copies the pinned llama.cpp's lists (src/llama-arch.cpp:
 ``llm_arch_is_recurrent``, ``llm_arch_is_hybrid``, ``llm_arch_supports_rs_rollback``), and
 ``tests/test_memory.py`` checks it against llama.cpp on generated models.

@@ -120,7 +120,7 @@ class ChainedHeadDrafter(BaseDrafter):
     draft tokens chain the head on its own state, and those entries are taken back after drafting, as they
     were built on guesses. Rollbacks of the target need nothing here: entries are judged against the context
     by their tokens, and the target's rows below its position belong to the tokens it holds. Subclasses set
-    ``target`` and ``head`` (a backend ``_HeadContext``).
+    ``target`` and ``head`` (a ``llama.heads`` head context).
     """
 
     kind = MODEL

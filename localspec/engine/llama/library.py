@@ -1,6 +1,7 @@
 """Loading llama-cpp-python: its log routed through LOCALSPEC_DEBUG, and where its shared libraries are.
 
-Only the public module is imported here; ``backend.py`` is the one module that reaches into its internals.
+Only the public module is imported here; model.py and heads.py, beside it in the llama.cpp door, reach into
+its internals.
 """
 
 from __future__ import annotations

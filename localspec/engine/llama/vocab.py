@@ -12,7 +12,7 @@ from localspec.errors import GGUFError, LocalspecError
 class VocabOnlyTokenizer:
     """llama.cpp's own tokenizer for a GGUF loaded vocabulary-only: no weights, no KV cache.
 
-    Callers validate the header with ``gguf_header`` first; llama.cpp only ever sees a checked file.
+    Callers validate the header with ``gguf.header.read_header`` first; llama.cpp only ever sees a checked file.
     """
 
     def __init__(self, path: str | Path) -> None:
