@@ -8,7 +8,6 @@ import pytest
 
 from tests.tiny_models import TinySpec, write_tiny_model
 
-
 # Per-test limit for tests on the real 1.6 GB pair (the rest use pyproject's `timeout`).
 REAL_TEST_TIMEOUT_S = 1800
 
@@ -77,8 +76,8 @@ def qwen_pair() -> tuple[Path, Path]:
 
     import platformdirs
 
-    from localspec.store import cache as store
     from localspec.profiles import DEFAULT_PROFILE, load_profile
+    from localspec.store import cache as store
 
     cache = os.environ.get("LOCALSPEC_TEST_CACHE") or platformdirs.user_cache_dir("localspec")
     with pytest.MonkeyPatch.context() as patch:

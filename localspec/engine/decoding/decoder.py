@@ -20,11 +20,11 @@ import numpy as np
 from localspec.engine.decoding.acceptance import verify_greedy, verify_sampled
 from localspec.engine.decoding.sampling import ProbabilityRows, SamplingParams, probabilities, sample
 from localspec.engine.decoding.stats import GenerationStats, Idle, StopReason
+from localspec.engine.decoding.target import Target
 from localspec.engine.decoding.text import Step, TextPiece, stream_text
 from localspec.engine.drafters.base import FORCED, MODEL, NO_DRAFT, TARGET, TARGET_ALONE, BaseDrafter, Draft, RoundState
 from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.drafters.registry import DrafterInputs, make_drafters, missing_drafters, uses
-from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import HistoryStore
 from localspec.engine.planner.controller import Controller, Plan
 from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, output_share
@@ -52,7 +52,7 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        target: Model,
+        target: Target,
         *,
         draft: DraftModelDrafter | None = None,
         method: str = "auto",

@@ -91,3 +91,6 @@ class Target(Protocol):
 
     def another_context(self) -> Target:
         """The same weights on an empty memory of their own."""
+
+    def close(self) -> None:
+        """Free its context (the decoder that made it with ``another_context`` closes it)."""

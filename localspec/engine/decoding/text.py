@@ -6,7 +6,7 @@ import codecs
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from localspec.engine.llama.model import Model
+from localspec.engine.decoding.target import Target
 
 
 @dataclass
@@ -28,7 +28,7 @@ class TextPiece:
     stop: str | None = None  # on the last piece, the stop string that ended the text (its text may be empty)
 
 
-def stream_text(model: Model, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
+def stream_text(model: Target, steps: Iterable[Step], *, stop: Sequence[str] = ()) -> Iterator[TextPiece]:
     """Turn decoder steps into text pieces, ending at the first stop string (which is not emitted).
 
     Text that could be the start of a stop string is held back until it is known not to be one. When a

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Two llama-cpp-python builds' target passes, paired: the way to measure a kernel change on a machine whose speed
 drifts between runs (a 2-core cloud VM can vary 2x from one process to the next).
 
@@ -9,7 +8,7 @@ passes after rolling back to the prefix, the first to go alternating by round. I
 build's median and the median of the per-round ratios (other / current), with their range.
 
     .venv/bin/python -m pip install --no-deps --target /tmp/old ~/.cache/localspec/wheels/KEY/*.whl
-    .venv/bin/python scripts/bench_builds.py --other /tmp/old [--context 7000] [--model draft] [--rounds 8]
+    .venv/bin/python -m scripts.bench.builds --other /tmp/old [--context 7000] [--model draft] [--rounds 8]
 """
 
 from __future__ import annotations
@@ -24,16 +23,20 @@ from pathlib import Path
 SIZES = (1, 2, 4, 8)
 
 
-def worker(context: int, model: str) -> None:
+def worker(context: int, model: str, threads: int | None) -> None:
     """Loads the model, prefills, prints "ready", then answers each "k reps" line with a median in ms."""
-    from bench_engine import long_prompt, pass_seconds
-
+    # In the worker only: the parent loads no build, each worker the one its PYTHONPATH puts first.
     from localspec.engine.llama.model import Model
     from localspec.profiles import DEFAULT_PROFILE
     from localspec.session import resolve_pair
+    from scripts.bench.engine import long_prompt, pass_seconds
 
-    pair = resolve_pair(profile=DEFAULT_PROFILE, offline=True)
-    target = Model(pair.draft if model == "draft" else pair.target, n_ctx=context + max(SIZES) + 64)
+    if model in ("target", "draft"):
+        pair = resolve_pair(profile=DEFAULT_PROFILE, offline=True)
+        path = pair.draft if model == "draft" else pair.target
+    else:
+        path = Path(model)
+    target = Model(path, n_ctx=context + max(SIZES) + 64, n_threads=threads)
     tokens = long_prompt(target, context + max(SIZES))
     target.eval(tokens[:context], n_logits=0, prefill=True)
     print("ready", flush=True)
@@ -46,24 +49,26 @@ def start(args, pythonpath: str | None) -> subprocess.Popen:
     env = {**os.environ}
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    command = [sys.executable, __file__, "--worker", "--context", str(args.context), "--model", args.model]
+    command = [sys.executable, "-m", "scripts.bench.builds", "--worker", "--context", str(args.context),
+               "--model", args.model, *(("--threads", str(args.threads)) if args.threads else ())]
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     if proc.stdout.readline().strip() != "ready":
         raise SystemExit(f"the worker for {pythonpath or 'the current build'} did not start")
     return proc
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other", type=Path, help="folder holding the other build's llama_cpp package")
     parser.add_argument("--context", type=int, default=7000)
-    parser.add_argument("--model", choices=("target", "draft"), default="target")
+    parser.add_argument("--model", default="target", help="target or draft (the default pair's), or a GGUF file")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="default: the machine's")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
-        worker(args.context, args.model)
+        worker(args.context, args.model, args.threads)
         return
     if args.other is None or not (args.other / "llama_cpp").is_dir():
         raise SystemExit("--other must be a folder with a llama_cpp package (pip install --no-deps --target DIR WHEEL)")

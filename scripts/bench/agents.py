@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Recorded agent sessions replayed against `localspec serve` and stock `llama-server`, side by side.
 
 A recording is a JSONL file, one request per line as the client sent it: ``{"path": "/v1/chat/completions",
@@ -16,10 +15,10 @@ token against that request's cold prefill. The checks of issue 29 are printed as
 request prefills at most new + 64 tokens; the session takes less time on localspec than on llama-server;
 the restarted first request takes at most 10% of its cold prefill time.
 
-    .venv/bin/python scripts/bench_agents.py replay tests/data/agent-sessions/*.jsonl \\
+    .venv/bin/python -m scripts.bench.agents replay tests/data/agent-sessions/*.jsonl \\
         [--profile NAME | --target T.gguf [--draft D.gguf]] [--llama-server PATH] [--threads 2] [--ctx 16384] \\
         [--engines localspec,llama-server] [--temperature 0] [--max-tokens N] [--json OUT.json]
-    .venv/bin/python scripts/bench_agents.py record --upstream http://127.0.0.1:8080 --port 8090 --out S.jsonl
+    .venv/bin/python -m scripts.bench.agents record --upstream http://127.0.0.1:8080 --port 8090 --out S.jsonl
 
 ``record`` is a pass-through proxy: point the agent at --port, the server it should talk to at --upstream.
 """
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 # Answer-length fields per API, for --max-tokens.
 MAX_TOKEN_FIELDS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
@@ -145,7 +144,8 @@ def request_parser(route: str):
     for module in vars(app).values():
         if isinstance(module, ModuleType) and callable(getattr(module, name, None)):
             return getattr(module, name)
-    raise SystemExit(f"localspec.server.app uses no module with {name}; update PARSERS in {Path(__file__).name}")
+    raise SystemExit(f"localspec.server.app uses no module with {name}; update PARSERS in "
+                     f"{Path(__file__).relative_to(REPO)}")
 
 
 def new_tokens(prompts: list[list[int] | None]) -> list[int | None]:
@@ -484,7 +484,7 @@ def record_command(args) -> None:
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("replay", help="replay recorded sessions on each engine")
@@ -508,7 +508,7 @@ def main() -> None:
     record.add_argument("--upstream", required=True)
     record.add_argument("--port", type=int, default=8090)
     record.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     replay_command(args) if args.command == "replay" else record_command(args)
 
 

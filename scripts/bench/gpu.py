@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The measuring half of scripts/gpu_check: localspec offloaded to a GPU against stock llama.cpp, one report.
 
 No real weights reach the GPU machine (it has no network), so the models are seeded-random at the real
@@ -7,9 +6,9 @@ weights make random text, so acceptance here says nothing about real models; wha
 what a pass costs, what a round costs beside its pass, and whether localspec's target alone keeps up with
 stock llama-completion built from the same source on the same machine.
 
-    python scripts/bench_gpu.py models DIR [--quick]            # float16 models, one process each
-    python scripts/bench_gpu.py quantize DIR                    # Q4_K_M, as the profiles ship, by llama.cpp
-    python scripts/bench_gpu.py report DIR --stock BINDIR --out OUT [--quick] [--cpu]
+    python -m scripts.bench.gpu models DIR [--quick]            # float16 models, one process each
+    python -m scripts.bench.gpu quantize DIR                    # Q4_K_M, as the profiles ship, by llama.cpp
+    python -m scripts.bench.gpu report DIR --stock BINDIR --out OUT [--quick] [--cpu]
 
 The report (printed, and OUT/report.md; the stock comparison's JSON in OUT/stock.json):
 1. pass costs by batch size (1 ... 64 rows, every row's logits read, as verification needs) after 256 and
@@ -36,18 +35,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 # On the lent H200's image a first model load after a numpy import segfaulted; importing localspec first
 # loads what must come before numpy (engine/llama/library.py's load_native_libraries_first), here and in the bench
 # process below. `models` runs while llama.cpp is still building, which that import allows.
-import localspec  # noqa: E402, F401
+import localspec  # noqa: F401
+from scripts.bench.moe import SHAPES as MOE_SHAPES
+from scripts.models.hybrid import vocabulary
+from tests.tiny_models import TinySpec, quantize_tiny_model, write_tiny_model
 
 LOCALSPEC = ("-m", "localspec")
-
-from scripts.bench_moe import SHAPES as MOE_SHAPES  # noqa: E402
-from scripts.make_hybrid_model import vocabulary  # noqa: E402
-from tests.tiny_models import TinySpec, quantize_tiny_model, write_tiny_model  # noqa: E402
 
 QUANT = "Q4_K_M"  # what qwen-coder-1.5b ships for both models
 # Qwen2.5-Coder 1.5B and 0.5B (llama.cpp's qwen2 graph is llama's plus attention biases), tied embeddings.
@@ -156,7 +152,7 @@ def machine_lines(cpu: bool) -> list[str]:
 def pass_curves(report: Report, directory: Path, gpu_layers: int, threads: int, quick: bool, brief: bool) -> None:
     """Pass cost tables, by rows, relative to one row too."""
     from localspec.engine.llama.model import Model
-    from scripts.bench_engine import pass_costs
+    from scripts.bench.engine import pass_costs
 
     sizes = PASS_SIZES[:6] if quick else PASS_SIZES
     reps = 3 if quick else 9
@@ -185,7 +181,7 @@ def method_rounds(report: Report, directory: Path, gpu_layers: int, threads: int
     from localspec.bench.runner import BenchRunner, BenchSettings, Config
     from localspec.bench.workloads import BenchPrompt
     from localspec.session import ModelOptions, open_decoder, resolve_pair
-    from scripts.bench_engine import PROMPTS, pass_costs
+    from scripts.bench.engine import PROMPTS, pass_costs
 
     pair = resolve_pair(target=model_path(directory, "target-1.5b", QUANT),
                         draft=model_path(directory, "draft-0.5b", QUANT))
@@ -200,7 +196,7 @@ def method_rounds(report: Report, directory: Path, gpu_layers: int, threads: int
     for config in settings.configs:
         runs = [m for r in result.records if r.config == config for m in r.runs]
         stats = [m.stats for m in runs]
-        rounds = sum(s.rounds for s in stats)
+        rounds = sum(s.target_passes for s in stats)
         tokens = sum(s.generated_tokens for s in stats)
         per_round = {part: 1e3 * sum(getattr(s, f"{part}_s") for s in stats) / rounds
                      for part in ("verify", "draft", "overhead", "rollback")}
@@ -251,12 +247,12 @@ def stock_comparison(report: Report, directory: Path, stock: Path, out: Path, gp
                      quick: bool, brief: bool) -> None:
     """``localspec bench --vs-llama-cpp`` in its own process (its kernel choice is process-wide)."""
     from localspec.bench.stock import overall_rows
+    from localspec.bench.workloads import SHIPPED_DIR
 
     # The prompts beside the models: a lent machine sends back at most 8 files from OUT.
     json_path, prompts = out / "stock.json", directory / "stock-prompts.jsonl"
     # The first prompt of each workload: every stock run is a process that loads its model again.
-    workloads = Path(__file__).resolve().parents[1] / "localspec" / "bench" / "workloads"
-    prompts.write_text("".join((workloads / f"{name}.jsonl").read_text().splitlines(keepends=True)[0]
+    prompts.write_text("".join((SHIPPED_DIR / f"{name}.jsonl").read_text().splitlines(keepends=True)[0]
                                for name in STOCK_WORKLOADS[: 1 if quick else None]))
     command = [
         sys.executable, *LOCALSPEC, "bench", "--vs-llama-cpp", str(stock),

@@ -21,7 +21,7 @@ config found through the code search index, which agree): hidden_size 5120, inte
 num_hidden_layers 64, num_attention_heads 24, num_key_value_heads 4, head_dim 256, linear_num_key_heads 16,
 linear_num_value_heads 48, linear key/value head dims 128, full_attention_interval 4, tie_word_embeddings
 false, mtp_num_hidden_layers 1. Its 64 layers do not fit this machine's disk as float16 before quantizing;
-``--layers`` writes fewer of them (scripts/bench_heads.py extrapolates from two depths).
+``--layers`` writes fewer of them (scripts/bench/heads.py extrapolates from two depths).
 
 Mapped to GGUF as llama.cpp's converter (conversion/qwen.py) does: ssm.state_size = linear_key_head_dim,
 ssm.group_count = linear_num_key_heads, ssm.time_step_rank = linear_num_value_heads, ssm.inner_size =
@@ -31,9 +31,9 @@ linear_value_head_dim * linear_num_value_heads. Left out: the config's one multi
 ``--layers`` and ``--embd`` shrink it for quick tests; ``--embd`` scales every width (feed-forward, head and
 state sizes) by the same ratio, so the proportions stay Qwen3.5-0.8B's.
 
-    python scripts/make_hybrid_model.py qwen35-0.8b-random.gguf
-    python scripts/make_hybrid_model.py q4.gguf --type Q4_K_M
-    python scripts/make_hybrid_model.py 27b-4-layers.gguf --shape 27b --layers 4 --type Q4_K_M
+    .venv/bin/python -m scripts.models.hybrid qwen35-0.8b-random.gguf
+    .venv/bin/python -m scripts.models.hybrid q4.gguf --type Q4_K_M
+    .venv/bin/python -m scripts.models.hybrid 27b-4-layers.gguf --shape 27b --layers 4 --type Q4_K_M
 
 Quantizing goes through llama.cpp's own ``llama_model_quantize`` (what llama-quantize calls), as bound by
 llama-cpp-python, so no separate llama.cpp build is needed.
@@ -42,14 +42,10 @@ llama-cpp-python, so no separate llama.cpp build is needed.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-# The writer lives with the tests (tests/tiny_models.py); the repository root makes it importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.tiny_models import TinySpec, default_vocab, quantize_tiny_model, write_tiny_model  # noqa: E402
+from tests.tiny_models import TinySpec, default_vocab, quantize_tiny_model, write_tiny_model
 
 N_VOCAB = 248320
 N_LAYERS = 24

@@ -20,8 +20,8 @@ Shapes (per layer; vocabulary and layer count as given, the published models hav
 Run it alone (every timing is contaminated by other processes; a 4-layer model takes a few minutes and
 ~6 GB of memory to write):
 
-    python scripts/bench_moe.py /tmp/moe-bench
-    python scripts/bench_moe.py /tmp/moe-bench --quick    # a smoke run: 16 experts, 256 wide
+    .venv/bin/python -m scripts.bench.moe /tmp/moe-bench
+    .venv/bin/python -m scripts.bench.moe /tmp/moe-bench --quick    # a smoke run: 16 experts, 256 wide
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ from dataclasses import replace
 from pathlib import Path
 from time import perf_counter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.make_hybrid_model import QUANT_TYPES, make_hybrid_model, vocabulary  # noqa: E402
-from tests.tiny_models import TinySpec  # noqa: E402
+from scripts.models.hybrid import QUANT_TYPES, make_hybrid_model, vocabulary
+from tests.tiny_models import TinySpec
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 33)
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -82,16 +80,16 @@ def pass_costs(path: Path, *, threads: int, repeats: int) -> dict[int, float]:
 def planner_view(costs: dict[int, float]) -> list[tuple[float, int, float]]:
     """(acceptance, best draft length, expected speed / target alone) as the controller prices a copy
     drafter (free drafts) on these pass costs."""
-    from localspec.engine.drafters.base import Source
+    from localspec.engine.drafters.lookup import LookupDrafter
     from localspec.engine.planner.controller import Controller
 
-    controller = Controller("lookup")
+    controller = Controller("lookup")  # the method that drafts from prompt lookup only
     for size, seconds in costs.items():
         for _ in range(3):
             controller.costs.record_pass(size, seconds)
     rows = []
     for a in ACCEPTANCES:
-        plan = controller.best_plan(Source.LOOKUP, [a] * (max(SIZES) - 1), 0.0, None)  # the planner's rule
+        plan = controller.best_plan(LookupDrafter.source, [a] * (max(SIZES) - 1), 0.0, None)  # the planner's rule
         rows.append((a, plan.k, plan.expected_rate / controller.target_alone_rate()))
     return rows
 

@@ -3,7 +3,7 @@ of acceptance, and side by side with stock llama.cpp's ``--spec-type draft-mtp``
 ``draft-dflash`` on the same files.
 
 Real weights cannot be fetched here, so acceptance is made, not found. Every model is Qwen3.5-0.8B's
-shapes (scripts/make_hybrid_model.py) plus one MTP block, seeded random:
+shapes (scripts/models/hybrid.py) plus one MTP block, seeded random:
 
 - ``agree-S``: a head that predicts what a bigram model would, beside a trunk whose layers are scaled by
   S (tests/tiny_models.py: ``mtp_agrees``, ``trunk_scale``). At S = 0 the target is that bigram model and
@@ -33,19 +33,20 @@ multiplied all the same), so the costs are the real model's. Two figures come ou
 
 With ``--extrapolate-to N`` (for Qwen3.5-27B, the largest dense Qwen3.5/3.6: ``--shape 27b --layers 4
 --extrapolate-to 64``), the MTP head is measured on random models of ``--layers`` and twice as many layers
-at that model's published widths, and priced at N layers: each pass size's cost is extended along the
-line through the two depths (per-layer cost plus what does not grow with depth: embeddings, output
-projection, launch), a hybrid checkpoint and restore in proportion to the layers (the recurrent state is
-per layer), and the head step and round overhead as measured (the head is one block and the output
-projection whatever the trunk's depth). Said in the output: figures for N layers are extrapolated.
+at that model's published widths (0.8b's as ``--embd`` and ``--vocab`` scale them), and priced at N
+layers: each pass size's cost is extended along the line through the two depths (per-layer cost plus what
+does not grow with depth: embeddings, output projection, launch), a hybrid checkpoint and restore in
+proportion to the layers (the recurrent state is per layer), and the head step and round overhead as
+measured (the head is one block and the output projection whatever the trunk's depth). Said in the
+output: figures for N layers are extrapolated.
 
 Run it alone on the machine (every timing is contaminated by other processes):
 
-    python scripts/bench_heads.py /tmp/mtp-bench --bin "$(scripts/build-llama-cpp-stock --cached)"
-    python scripts/bench_heads.py /tmp/mtp-bench --quick          # a smoke run: a small model, costs only
-    python scripts/bench_heads.py /tmp/mtp-bench --eagle3 --scales 0.3 --bin ...   # the EAGLE-3 head too
-    python scripts/bench_heads.py /tmp/mtp-bench --dflash --scales 0.3 --bin ...   # the DFlash head too
-    python scripts/bench_heads.py /tmp/27b --shape 27b --layers 4 --extrapolate-to 64   # Qwen3.5-27B, priced
+    .venv/bin/python -m scripts.bench.heads /tmp/mtp-bench --bin "$(scripts/build-llama-cpp-stock --cached)"
+    .venv/bin/python -m scripts.bench.heads /tmp/mtp-bench --quick     # a smoke run: a small model, costs only
+    .venv/bin/python -m scripts.bench.heads /tmp/mtp-bench --eagle3 --scales 0.3 --bin ...  # the EAGLE-3 head too
+    .venv/bin/python -m scripts.bench.heads /tmp/mtp-bench --dflash --scales 0.3 --bin ...  # the DFlash head too
+    .venv/bin/python -m scripts.bench.heads /tmp/27b --shape 27b --layers 4 --extrapolate-to 64  # Qwen3.5-27B
 """
 
 from __future__ import annotations
@@ -57,19 +58,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from localspec.bench.stock import overall_rows  # noqa: E402
-from localspec.gguf.header import read_header  # noqa: E402
-from localspec.gguf.heads import HeadFile, companion_head  # noqa: E402
-from scripts.make_hybrid_model import (  # noqa: E402
-    QUANT_TYPES,
-    SHAPES,
-    make_hybrid_model,
-    qwen35_0_8b_spec,
-    qwen35_27b_spec,
-)
-from tests.tiny_models import write_tiny_dflash_head, write_tiny_eagle3_head  # noqa: E402
+from localspec.bench.stock import overall_rows
+from localspec.gguf.header import read_header
+from localspec.gguf.heads import HeadFile, companion_head
+from scripts.models.hybrid import QUANT_TYPES, SHAPES, make_hybrid_model, qwen35_0_8b_spec, qwen35_27b_spec
+from tests.tiny_models import write_tiny_dflash_head, write_tiny_eagle3_head
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
 COST_MODEL = "agree-0.3"
@@ -112,23 +105,23 @@ def measure_costs(path: Path, *, threads: int, max_tokens: int, head: HeadFile |
     """The controller's measured costs after head rounds of several draft lengths on ``path``: its MTP
     head's, or with ``head`` (a companion) that head's."""
     from localspec.engine.decoding.decoder import SpeculativeDecoder
-    from localspec.engine.drafters.base import Source
+    from localspec.engine.drafters.mtp import MtpDrafter
     from localspec.engine.llama.model import Model
 
-    method = head.kind if head is not None else "mtp"
+    source = head.kind if head is not None else MtpDrafter.source  # a head's method is its drafter's source
     target = Model(path, n_ctx=4096, n_threads=threads, load_mtp=head is None)
-    decoder = SpeculativeDecoder(target, method=method, head=head)
+    decoder = SpeculativeDecoder(target, method=source, head=head)
     if head is None:
-        decoder.drafter(Source.MTP).min_confidence = 0.0  # every draft length gets measured
+        decoder.drafter(source).min_confidence = 0.0  # every draft length gets measured
     prompt = target.tokenize(PROMPT, add_bos=True)
     acceptance = {}
     for k in COST_DRAFT_LENS:
-        decoder.controller.configure(method, k)
+        decoder.controller.configure(source, k)
         for _ in decoder.generate(prompt, max_tokens=max_tokens):
             pass
         acceptance[k] = (decoder.stats.accepted, decoder.stats.drafted)
-    return {"decoder": decoder, "head": decoder.drafter(Source(method)).head, "target": target, "prompt": prompt,
-            "acceptance": acceptance, "source": Source(method)}
+    return {"decoder": decoder, "head": decoder.drafter(source).head, "target": target, "prompt": prompt,
+            "acceptance": acceptance, "source": source}
 
 
 def head_step_shares(measured: dict, repeats: int = 20) -> tuple[float, float]:
@@ -154,11 +147,10 @@ def longest(source) -> int:
     return DFLASH_BLOCK - 1 if source == "dflash" else 16
 
 
-def speed_curve(controller, source) -> list[tuple[float, int, float]]:
-    """(acceptance, best draft length, expected speed / target alone) from the measured costs, through the
-    planner's own pricing (checkpoint, restore and replay of the hybrid state included; a DFlash block as
-    one head pass of its rows)."""
-    step = controller.step_cost(source)
+def speed_curve(controller, source: str, step: float) -> list[tuple[float, int, float]]:
+    """(acceptance, best draft length, expected speed / target alone) from the measured costs and a draft
+    ``step``'s seconds, through the planner's own pricing (checkpoint, restore and replay of the hybrid
+    state included; a DFlash block as one head pass of its rows)."""
     curve = []
     for a in ACCEPTANCES:
         plan = controller.best_plan(source, [a] * longest(source), step, None)  # the planner's expected-value rule
@@ -166,15 +158,19 @@ def speed_curve(controller, source) -> list[tuple[float, int, float]]:
     return curve
 
 
-def break_even(controller, source) -> float | None:
-    step = controller.step_cost(source)
-    low, high = 0.0, 1.0
-    if controller.best_plan(source, [high] * longest(source), step, None).expected_rate <= controller.target_alone_rate():
+def break_even(controller, source: str, step: float) -> float | None:
+    """The lowest acceptance at which drafting beats the target alone; None if even 1.0 does not."""
+
+    def pays(rate: float) -> bool:
+        plan = controller.best_plan(source, [rate] * longest(source), step, None)
+        return plan.expected_rate > controller.target_alone_rate()
+
+    if not pays(1.0):
         return None
+    low, high = 0.0, 1.0
     for _ in range(30):
         mid = (low + high) / 2
-        pays = controller.best_plan(source, [mid] * longest(source), step, None).expected_rate > controller.target_alone_rate()
-        low, high = (low, mid) if pays else (mid, high)
+        low, high = (low, mid) if pays(mid) else (mid, high)
     return high
 
 
@@ -191,19 +187,18 @@ def print_costs(measured: dict, model: Path, threads: int) -> None:
           f"overhead {beliefs['overhead_s']} s")
     print(f"  acceptance there by draft length (accepted, drafted): {measured['acceptance']}")
     print("\nexpected speed / target alone (each draft position accepted at the same rate, best draft length):")
-    print_curve(decoder.controller, source)
+    print_curve(decoder.controller, source, step)
 
 
-def print_curve(controller, source) -> None:
-    for a, k, speed in speed_curve(controller, source):
+def print_curve(controller, source: str, step: float) -> None:
+    for a, k, speed in speed_curve(controller, source, step):
         print(f"  acceptance {a:.1f}: {speed:.2f}x at k={k}")
-    even = break_even(controller, source)
+    even = break_even(controller, source, step)
     print(f"  break-even acceptance: {'never pays' if even is None else f'{even:.2f}'}")
 
 
 def extrapolate(args) -> None:
     """The MTP head of a ``--shape`` model priced at ``--extrapolate-to`` layers from two shallow copies."""
-    from localspec.engine.drafters.base import Source
     from localspec.engine.drafters.mtp import MtpDrafter
     from localspec.engine.planner.controller import Controller
     from localspec.engine.planner.costs import TRUSTED_SAMPLES
@@ -211,8 +206,11 @@ def extrapolate(args) -> None:
     depths = (args.layers, 2 * args.layers)
     measured = {}
     for depth in depths:
-        spec = qwen35_27b_spec(layers=depth) if args.shape == "27b" else qwen35_0_8b_spec(layers=depth)
-        path = args.out / f"qwen35-{args.shape}-{depth}-layers-mtp-{args.type}.gguf"
+        if args.shape == "27b":
+            spec = qwen35_27b_spec(layers=depth)
+        else:
+            spec = qwen35_0_8b_spec(layers=depth, embd=args.embd, vocab=args.vocab)
+        path = args.out / f"qwen35-{args.shape}-{depth}x{spec.n_embd}-mtp-{args.type}.gguf"
         if not path.exists():
             print(f"writing {path}", file=sys.stderr)
             make_hybrid_model(path, replace(spec, mtp=True), quant_type=args.type)
@@ -222,7 +220,7 @@ def extrapolate(args) -> None:
     shallow, deep = (measured[d]["decoder"].controller for d in depths)
     full_depth = args.extrapolate_to
     scale = (full_depth - depths[0]) / (depths[1] - depths[0])
-    full = Controller(Source.MTP, drafters=[MtpDrafter], heads={"mtp": ""}, rollback_window=shallow.rollback_window)
+    full = Controller(MtpDrafter.source, drafters=[MtpDrafter], rollback_window=shallow.rollback_window)
     near, far = shallow.costs.measured_passes(), deep.costs.measured_passes()
     for size in sorted(set(near) & set(far)):
         for _ in range(TRUSTED_SAMPLES):
@@ -231,8 +229,7 @@ def extrapolate(args) -> None:
     full.costs.checkpoint_s = (deep.costs.checkpoint_s or 0.0) * per_layer
     full.costs.restore_s = (deep.costs.restore_s or 0.0) * per_layer
     full.costs.overhead = shallow.costs.overhead
-    step = shallow.step_cost(Source.MTP)
-    full._models[Source.MTP].costs.step_s = step
+    step = shallow.step_cost(MtpDrafter.source)  # one block and the output projection, at any depth
     one = full.costs.one
     print(f"EXTRAPOLATED to {full_depth} layers ({args.shape}) from {depths[0]} and {depths[1]} layers:")
     print(f"  one-token pass {one:.3f} s ({1 / one:.2f} tok/s target alone); pass / one-token pass by batch size: "
@@ -240,7 +237,7 @@ def extrapolate(args) -> None:
     print(f"  head step {step:.4f} s = {step / one:.3f} of a one-token pass; checkpoint {full.costs.checkpoint_s:.4f} s, "
           f"restore {full.costs.restore_s:.4f} s (in proportion to the layers)")
     print("expected speed / target alone (each draft position accepted at the same rate, best draft length):")
-    print_curve(full, Source.MTP)
+    print_curve(full, MtpDrafter.source, step)
 
 
 def side_by_side(models: dict, bin_dir: str, args, head: HeadFile | None = None) -> None:

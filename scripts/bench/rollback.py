@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """What rolling back a hybrid or recurrent model costs, per verification, as a ratio to a one-token pass.
 
-    .venv/bin/python scripts/bench_rollback.py MODEL.gguf [--ctx 4096] [--threads N] [--repeats 5]
+    .venv/bin/python -m scripts.bench.rollback MODEL.gguf [--ctx 4096] [--threads N] [--repeats 5]
 
 For each draft length k it times, after a prompt of --context tokens:
 - the verification pass of k + 1 tokens with per-token snapshots kept (llama.cpp's n_rs_seq) and
@@ -17,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS  # noqa: E402
-from localspec.engine.llama.model import Model  # noqa: E402
+from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
+from localspec.engine.llama.model import Model
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16, 32)
 
@@ -38,7 +34,7 @@ def load(path: Path, args, snapshots: int) -> tuple[Model, int]:
     return model, psutil.Process().memory_info().rss - rss
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("--ctx", type=int, default=4096)
@@ -47,7 +43,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--snapshots", type=int, default=DEFAULT_ROLLBACK_SNAPSHOTS,
                         help=f"n_rs_seq of the snapshot context (default {DEFAULT_ROLLBACK_SNAPSHOTS})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     plain, plain_rss = load(args.model, args, 0)
     snap, snap_rss = load(args.model, args, args.snapshots)

@@ -1,33 +1,20 @@
-#!/usr/bin/env python3
-"""Replay `auto`'s decisions on recorded greedy answers, to tune the drafters and the planner.
+"""Recorded greedy answers, and the stand-in target that replays them (shared by the replays beside it).
 
 Recording runs the real target once per shipped bench prompt (greedy, target alone) and measures its pass
 time per batch size. Replaying needs no model: the real decoder, drafters and controller run against a
 ``ReplayTarget`` that predicts the recorded answer and takes the recorded pass time of each batch on a
-simulated clock, so a replay makes exactly the decisions a live run would on those costs. It prints, per
-slice, the speedup over target alone those pass costs imply and the acceptance, for `auto` (no draft
-model, no answer history), for `--method lookup`, and for stock llama.cpp's ngram-simple (a 12-token match
-drafts the 48 tokens that followed it) replayed the same way. Replayed figures leave out Python overhead
-and machine noise: they rank changes, `localspec bench` measures them.
-
-    .venv/bin/python scripts/replay_lookup.py --record /tmp/replay/answers.json [--target FILE]  # 5 min alone
-    .venv/bin/python scripts/replay_lookup.py /tmp/replay/answers.json [--max-tokens 96]
-
-``record`` also serves scripts/replay_suffix.py, for the agent-repeat slice.
+simulated clock, so a replay makes exactly the decisions a live run would on those costs. Replayed figures
+leave out Python overhead and machine noise: they rank changes, `localspec bench` measures them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from bench_engine import pass_costs
 
-import localspec.engine.decoding.decoder
 from localspec.bench.runner import BASELINE, DEFAULT_WARMUP_TOKENS, BenchRunner, BenchSettings
 from localspec.bench.workloads import select, shipped_prompts
 from localspec.engine.decoding.decoder import SpeculativeDecoder
@@ -38,6 +25,7 @@ from localspec.engine.tokens import common_prefix_length
 from localspec.gguf.memory import MemoryKind
 from localspec.profiles import DEFAULT_PROFILE
 from localspec.session import ModelOptions, open_decoder, resolve_pair
+from scripts.bench.engine import pass_costs
 
 RECORD_TOKENS = 256
 COST_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -90,18 +78,8 @@ def interpolate(costs: dict[int, float]) -> Callable[[int], float]:
     return cost
 
 
-def ngram_simple(history: list[int], n: int = 12, m: int = 48) -> list[int]:
-    """llama.cpp's ngram-simple: the m tokens after the latest earlier occurrence of the last n."""
-    pattern = history[-n:]
-    for start in range(len(history) - n - 1, 0, -1):
-        if history[start : start + n] == pattern:
-            copy = history[start + n : start + n + m]
-            return copy if len(copy) >= n else []
-    return []
-
-
 class Clock:
-    """Simulated seconds: only the target's passes take time (the decoder reads it as perf_counter)."""
+    """Simulated seconds, the decoders' clock: only the target's passes take time."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -111,13 +89,16 @@ class Clock:
 
 
 class ReplayTarget:
-    """Stands in for Model: its greedy choice at every position is the recorded answer's token, and
-    each verification pass takes the recorded time of its batch size. Token ids are compact (see
-    ``Replay``), the end of an answer is ``eos``."""
+    """A ``Target`` (engine/decoding/target.py) whose greedy choice at every position is the recorded
+    answer's token, and whose verification passes take the recorded time of their batch size. Token ids are
+    compact (see ``Replay``), the end of an answer is ``eos``."""
 
     kernels = EXACT
     memory_plan = MemoryPlan(MemoryKind.KV, 0, 0)
+    # Its prompt passes take no simulated time, so none hints at long drafts' cost (the shape figures that
+    # would price such a hint are then never read).
     large_eval = None
+    n_embd_out = n_params = 0
     replayed_tokens = 0
     n_ctx = 1 << 20
     mtp_layers = 0  # the recorded target is replayed without a head of its own
@@ -134,18 +115,14 @@ class ReplayTarget:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        return common_prefix_length(self.tokens, tokens)
-
-    def rollback(self, n_past: int) -> float:
-        del self.tokens[n_past:]
-        return 0.0
-
-    def can_remove(self, n: int) -> bool:
-        return True
+    def token_bytes(self, token: int) -> bytes:
+        return b"<%d>" % token  # compact ids carry no text: each shows as its id
 
     def is_end_of_generation(self, token: int) -> bool:
         return token == self.eos
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, tokens)
 
     def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None, prefill: bool = False) -> np.ndarray:
         self.tokens.extend(tokens)
@@ -156,6 +133,24 @@ class ReplayTarget:
         for i, position in enumerate(range(len(self.tokens) - n_logits + 1, len(self.tokens) + 1)):
             rows[i, self.truth[min(position, last)]] = 1.0  # rows past a wrong draft are never read
         return rows
+
+    def can_remove(self, n: int) -> bool:
+        return True
+
+    def checkpoint(self) -> float:
+        return 0.0  # never asked for: every position rolls back in place
+
+    def rollback(self, n_past: int) -> float:
+        del self.tokens[n_past:]
+        return 0.0
+
+    def another_context(self) -> ReplayTarget:
+        other = ReplayTarget(self.n_vocab, self.eos, self.cost, self.clock)
+        other.truth = self.truth
+        return other
+
+    def close(self) -> None:
+        """Nothing to free: a replay holds no llama.cpp context."""
 
 
 class Replay:
@@ -173,13 +168,17 @@ class Replay:
         ]
         self.eos = len(ids)
         self.clock = Clock()
-        localspec.engine.decoding.decoder.perf_counter = self.clock
+
+    @classmethod
+    def load(cls, path: str) -> Replay:
+        with open(path) as handle:
+            return cls(json.load(handle))
 
     def decoder(self, method: str = "auto", history: HistoryStore | None = None) -> SpeculativeDecoder:
         """One per session, as bench keeps its decoders across prompts, remembering the recorded pass costs
         and warmed up as bench warms them up (its first measurements of one-token passes)."""
-        decoder = SpeculativeDecoder(ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock), method=method,
-                                     history=history)
+        target = ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock)
+        decoder = SpeculativeDecoder(target, method=method, history=history, clock=self.clock)
         decoder.controller.remember(self.remembered)
         answers = history or HistoryStore(None)  # the warm-up learns nothing, as in bench
         learning, answers.learning = answers.learning, False
@@ -197,66 +196,3 @@ class Replay:
         stats = decoder.stats
         assert stats.generated_tokens == len(target), "the replay left the recorded answer"
         return self.cost(1) * (len(target) - 1) / stats.decode_s, stats.drafted, stats.accepted
-
-
-def ngram_simple_replay(answer: dict, max_tokens: int, cost: Callable[[int], float]) -> tuple[float, int, int]:
-    """Stock llama.cpp's ngram-simple on one answer: (speedup over target alone, drafted, accepted)."""
-    history = list(answer["prompt"]) + answer["answer"][:1]  # the prefill gives the first token
-    target = answer["answer"][:max_tokens]
-    seconds, drafted, accepted, position = 0.0, 0, 0, 1
-    while position < len(target):
-        draft = ngram_simple(history)[: len(target) - position - 1]
-        hits = 0
-        while hits < len(draft) and draft[hits] == target[position + hits]:
-            hits += 1
-        seconds += cost(len(draft) + 1)
-        step = target[position : position + hits + 1]
-        history += step
-        position += len(step)
-        drafted += len(draft)
-        accepted += hits
-    return cost(1) * (len(target) - 1) / seconds, drafted, accepted
-
-
-def report(path: str, max_tokens: int) -> None:
-    with open(path) as handle:
-        replay = Replay(json.load(handle))
-    decoders = {method: replay.decoder(method) for method in ("auto", "lookup")}
-    print(f"{'slice':14} {'auto':>6} {'accepted':>9} {'lookup':>7} {'accepted':>9} {'ngram-simple':>13} {'accepted':>9}")
-    for workload in dict.fromkeys(a["workload"] for a in replay.answers):
-        cells = []
-        for engine in ("auto", "lookup", "ngram-simple"):
-            speedups, drafted, accepted = [], 0, 0
-            for answer in (a for a in replay.answers if a["workload"] == workload):
-                if engine == "ngram-simple":
-                    speedup, d, a = ngram_simple_replay(answer, max_tokens, replay.cost)
-                else:
-                    speedup, d, a = replay.run(decoders[engine], answer, max_tokens)
-                speedups.append(speedup)
-                drafted, accepted = drafted + d, accepted + a
-            mean = math.exp(sum(map(math.log, speedups)) / len(speedups))
-            cells.append(f"{mean:5.2f}x {accepted / max(1, drafted):8.0%}")
-        print(f"{workload:14} {cells[0]:>16} {cells[1]:>17} {cells[2]:>23}")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("answers", nargs="?", help="a file written by --record")
-    parser.add_argument("--record", metavar="FILE", help="record the target's greedy answers and pass costs")
-    parser.add_argument("--max-tokens", type=int, default=RECORD_TOKENS)
-    parser.add_argument("--threads", type=int, help="recording: target threads (default: the machine's)")
-    parser.add_argument("--per-slice", type=int, help="recording: prompts per slice (default: all)")
-    parser.add_argument("--pass-costs", metavar="FILE", help="recording: pass seconds by batch size, not measured")
-    parser.add_argument("--target", type=Path, help="recording: this GGUF file (default: the default profile's)")
-    args = parser.parse_args()
-    if args.record:
-        record(args.record, max_tokens=args.max_tokens, threads=args.threads, per_slice=args.per_slice,
-               costs_file=args.pass_costs, target=args.target)
-    elif args.answers:
-        report(args.answers, args.max_tokens)
-    else:
-        parser.error("give a recorded answers file, or --record FILE")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Times suffix decoding's lookup (engine/drafters/suffix_index.py) on a large synthetic answer history.
 
 Prints the index build time, its memory, and the time of one ``propose`` (one round's lookup) for
@@ -6,7 +5,7 @@ contexts taken from stored answers (long matches, many occurrences) and for unse
 outcome is fed back with ``record`` (a random number of its tokens accepted), as the decoder does after
 verifying, so the lookups pay for scoring by outcomes too; ``record``'s own time is printed beside.
 
-    scripts/bench_suffix.py --tokens 10000000
+    .venv/bin/python -m scripts.bench.suffix_index [--tokens 10000000] [--lookups 2000]
 """
 
 from __future__ import annotations
@@ -39,12 +38,12 @@ def make_history(n_tokens: int, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate(parts)[:n_tokens]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--draft", type=int, default=64, help="tokens asked for per lookup")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     history = make_history(args.tokens, rng)
     history[-1] = SEPARATOR

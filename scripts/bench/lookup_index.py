@@ -4,11 +4,12 @@ Each history mixes fresh random text with copies of earlier stretches, as a code
 A decode step is one ``propose`` plus one ``extend`` of the accepted token; the figure should stay flat
 from 1k to 100k tokens because neither rescans the history.
 
-Usage: python scripts/bench_lookup.py
+    .venv/bin/python -m scripts.bench.lookup_index [--sizes 1000,10000,100000] [--steps 5000]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -32,29 +33,34 @@ def make_history(size: int, rng: np.random.Generator) -> list[int]:
     return history[:size]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="history lengths, comma-separated")
+    parser.add_argument("--steps", type=int, default=STEPS, help="decode steps timed after each history")
+    args = parser.parse_args(argv)
+    steps = args.steps
     rng = np.random.default_rng(0)
     print(f"{'history':>8} {'build us/tok':>13} {'step us/tok':>12} {'propose us':>11} {'matched':>8}")
-    for size in SIZES:
-        history = make_history(size + STEPS, rng)
-        proposer = PromptLookupIndex()
+    for size in map(int, args.sizes.split(",")):
+        history = make_history(size + steps, rng)
+        index = PromptLookupIndex()
         start = time.perf_counter()
-        proposer.extend(history[:size])
+        index.extend(history[:size])
         build = (time.perf_counter() - start) / size
 
         propose_time = step_time = 0.0
         matched = 0
         for token in history[size:]:
             t0 = time.perf_counter()
-            matched += bool(proposer.propose(DRAFT))
+            matched += bool(index.propose(DRAFT))
             t1 = time.perf_counter()
-            proposer.extend([token])
+            index.extend([token])
             t2 = time.perf_counter()
             propose_time += t1 - t0
             step_time += t2 - t0
         print(
-            f"{size:>8} {build * 1e6:>13.2f} {step_time / STEPS * 1e6:>12.2f} "
-            f"{propose_time / STEPS * 1e6:>11.2f} {matched / STEPS:>8.0%}"
+            f"{size:>8} {build * 1e6:>13.2f} {step_time / steps * 1e6:>12.2f} "
+            f"{propose_time / steps * 1e6:>11.2f} {matched / steps:>8.0%}"
         )
 
 

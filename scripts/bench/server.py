@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What `localspec serve` costs and what it gains an agent, with the real CLI and the openai client.
 
 1. Server vs `localspec run` on the same request (greedy): each run starts a fresh `localspec run --json`
@@ -13,7 +12,7 @@
 4. Forced-token drafting: answers constrained by a JSON schema, `auto` vs `none`, with the tokens the
    grammar drafted and how many were accepted.
 
-    .venv/bin/python scripts/bench_server.py [--profile NAME | --target T --draft D] [--runs 2]
+    .venv/bin/python -m scripts.bench.server [--profile NAME | --target T --draft D] [--runs 2]
         [--max-tokens 128] [--turn-tokens 256] [--write-tokens 1536] [--threads N] [--ctx 8192]
         [--parts 1,2,3,4]
 """
@@ -245,7 +244,7 @@ def tool_agent_session(model_args: list[str], write_tokens: int) -> None:
                 results.setdefault(method, []).append(steps)
                 for name, step in zip(("read", "write", "answer"), steps):
                     print(f"{progress_line(f'{method:5} turn {turn} {name:6}', step)} "
-                          f"{json.dumps(step['timings']['by_method'])}", flush=True)
+                          f"{json.dumps(step['timings']['by_source'])}", flush=True)
     print(f"\ntool-using agent, {len(EDITS)} turns (read_file, write_file, answer), auto vs none:")
     print(f"{'turn':>4} {'step':>6} {'prompt':>7} {'reused':>7} {'auto s':>7} {'none s':>7} {'speedup':>8} "
           f"{'accepted':>9} {'grammar':>9} {'same':>5}")
@@ -253,7 +252,7 @@ def tool_agent_session(model_args: list[str], write_tokens: int) -> None:
         for name, a, n in zip(("read", "write", "answer"), auto, none):
             t = a["timings"]
             accepted = acceptance(t)
-            grammar = t["by_method"].get("grammar", {})
+            grammar = t["by_source"].get("grammar", {})
             forced = f"{grammar.get('accepted', 0)}/{grammar.get('drafted', 0)}"
             same = a["text"] == n["text"] and [c.function.arguments for c in a["calls"]] == [
                 c.function.arguments for c in n["calls"]]
@@ -296,7 +295,7 @@ def schema_answers(model_args: list[str], max_tokens: int) -> None:
           f"{'other':>9} {'same':>5}")
     for i, (a, n) in enumerate(zip(rows["auto"], rows["none"]), start=1):
         t = a["timings"]
-        grammar = t["by_method"].get("grammar", {})
+        grammar = t["by_source"].get("grammar", {})
         other_drafted = t["draft_n"] - grammar.get("drafted", 0)
         other_accepted = t["draft_n_accepted"] - grammar.get("accepted", 0)
         print(f"{i:2d} {t['predicted_n']:6d} {t['predicted_per_second']:10.1f} "
@@ -305,7 +304,7 @@ def schema_answers(model_args: list[str], max_tokens: int) -> None:
               f"{str(a['text'] == n['text']):>5}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile")
     parser.add_argument("--target")
@@ -318,7 +317,7 @@ def main() -> None:
     parser.add_argument("--write-tokens", type=int, default=1536,
                         help="tokens for the write_file call of the tool-using agent (the whole file, JSON-escaped)")
     parser.add_argument("--parts", default="1,2,3,4", help="which parts to run (see above), comma-separated")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model_args = ["--ctx", str(args.ctx)]
     for flag in ("profile", "target", "draft", "threads"):
         if getattr(args, flag) is not None:

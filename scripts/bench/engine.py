@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode speed of each method vs the target alone, measured in one run on the real default pair.
 
 Prints, per prompt and method: decode tok/s, the ratio to the target alone (same prompt, same run,
@@ -7,10 +6,10 @@ and whether the output is token-identical to the target alone. Greedy, --threads
 First it prints the target's pass time by batch size and its prefill speed: what verification costs.
 ``--pass-context N`` times those passes after N tokens of context instead of 256 (attention grows with it),
 ``--pass-costs-only`` stops there, and ``--fast`` runs stock kernels instead of exact ones (the choice is
-process-wide, so compare the two in two runs):
+process-wide, so compare the two in two runs). ``--target``/``--draft`` measure other GGUF files:
 
-    .venv/bin/python scripts/bench_engine.py [--runs 2] [--max-tokens 192] [--threads 2]
-    .venv/bin/python scripts/bench_engine.py --pass-costs-only --pass-context 3000 [--fast]
+    .venv/bin/python -m scripts.bench.engine [--runs 2] [--max-tokens 192] [--threads 2]
+    .venv/bin/python -m scripts.bench.engine --pass-costs-only --pass-context 3000 [--fast]
 """
 
 from __future__ import annotations
@@ -18,12 +17,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from localspec.bench import report
 from localspec.bench.runner import BenchRunner, BenchSettings, Config
 from localspec.bench.workloads import BenchPrompt
 from localspec.engine.llama.model import Model
-from localspec.profiles import DEFAULT_PROFILE
 from localspec.session import ModelOptions, open_decoder, resolve_pair
 
 EDIT_CODE = '''def parse_config(path):
@@ -69,7 +68,7 @@ PASS_CONTEXT = 256
 PASS_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=192)
@@ -78,9 +77,11 @@ def main() -> None:
     parser.add_argument("--pass-context", type=int, default=PASS_CONTEXT)
     parser.add_argument("--pass-costs-only", action="store_true")
     parser.add_argument("--fast", action="store_true", help="stock kernels instead of exact ones")
-    args = parser.parse_args()
+    parser.add_argument("--target", type=Path, help="this GGUF file instead of the default profile's target")
+    parser.add_argument("--draft", type=Path, help="with --target: the draft model (the draft method needs one)")
+    args = parser.parse_args(argv)
 
-    pair = resolve_pair(profile=DEFAULT_PROFILE)
+    pair = resolve_pair(target=args.target, draft=args.draft)  # neither: the default profile's pair
     n_ctx = max(args.ctx, args.pass_context + 2 * max(PASS_SIZES))
     decoder = open_decoder(pair, ModelOptions(n_ctx=n_ctx, threads=args.threads, exact=False if args.fast else None))
     print_pass_costs(decoder.target, args.pass_context)
@@ -97,7 +98,7 @@ def main() -> None:
     for row in report.build_rows(result):
         runs = [m.stats for r in result.records if r.prompt.workload == row["workload"] and r.config.label ==
                 report.row_label(row) for m in r.runs]
-        overhead = 1000 * statistics.median(s.overhead_s / max(1, s.rounds) for s in runs)
+        overhead = 1000 * statistics.median(s.overhead_s / max(1, s.target_passes) for s in runs)
         print(f"{row['workload']:10} {row['method']:8} {row['tok_per_s']:7.1f} {row['speedup'] or 0:7.2f}x "
               f"{row['acceptance_rate']:7.0%} {row['target_passes']:7.0f} {overhead:12.2f} {row['identical']!s:>9}")
 

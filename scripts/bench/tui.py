@@ -1,17 +1,18 @@
-#!/usr/bin/env python3
 """What the live view costs: tok/s with the view on vs plain streaming, in one run, in a real terminal.
 
 Starts itself inside a detached tmux terminal (so the view renders to a real terminal emulator, whose
 CPU use counts too), loads the pair once, and alternates plain and live answers to the same prompt.
 Speed is wall-clock tokens per second from the first token to the last, so rendering time counts.
 
-    .venv/bin/python scripts/bench_tui.py [--profile NAME | --target T --draft D] [--reps 3] [-n 160]
+    .venv/bin/python -m scripts.bench.tui [--profile NAME | --target T --draft D] [--reps 3] [-n 160] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -34,7 +35,8 @@ def measure(args: argparse.Namespace) -> dict:
     from localspec.conversation import Conversation
     from localspec.tui import LiveView
 
-    options = GenerationOptions(profile=args.profile, target=args.target, draft=args.draft, method=args.method)
+    options = GenerationOptions(profile=args.profile, target=args.target, draft=args.draft, method=args.method,
+                                threads=args.threads)
     _, decoder, sampling = options.open()
     console = Console(highlight=False, soft_wrap=True)
 
@@ -65,36 +67,45 @@ def measure(args: argparse.Namespace) -> dict:
 def in_terminal(argv: list[str]) -> dict:
     tmux = shutil.which("tmux")
     if tmux is None:
-        sys.exit("bench_tui: needs tmux (apt-get install -y tmux) to give the view a real terminal")
+        sys.exit("scripts.bench.tui: needs tmux (apt-get install -y tmux) to give the view a real terminal")
     out = Path(tempfile.mkdtemp()) / "rates.json"
     session = f"bench-tui-{int(time.time())}"
-    command = " ".join([sys.executable, str(Path(__file__).resolve()), "--inner", str(out), *argv])
-    subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "120", "-y", "40", command], check=True)
+    command = shlex.join([sys.executable, "-m", "scripts.bench.tui", "--inner", str(out), *argv])
+    # Started where this run was, so the module and relative model paths resolve as they did here, and in its
+    # home (a tmux server already running would give the session the server's environment).
+    home = os.environ.get("LOCALSPEC_HOME")
+    env = ["-e", f"LOCALSPEC_HOME={home}"] if home else []
+    subprocess.run([tmux, "new-session", "-d", "-s", session, "-c", os.getcwd(), *env, "-x", "120", "-y", "40",
+                    command], check=True)
     try:
         while not out.exists():
             if subprocess.run([tmux, "has-session", "-t", session], capture_output=True).returncode != 0:
-                sys.exit("bench_tui: the measurement ended without a result (run with --inner FILE to see why)")
+                sys.exit("scripts.bench.tui: the measurement ended without a result (run it with --inner FILE to "
+                         "see why)")
             time.sleep(1)
         return json.loads(out.read_text())
     finally:
         subprocess.run([tmux, "kill-session", "-t", session], capture_output=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile")
     parser.add_argument("--target", type=Path)
     parser.add_argument("--draft", type=Path)
     parser.add_argument("--method")
+    parser.add_argument("--threads", type=int)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("-n", "--max-tokens", type=int, default=160)
     parser.add_argument("--inner", type=Path, help=argparse.SUPPRESS)  # where the in-terminal run writes its rates
-    args, _ = parser.parse_known_args()
+    args, _ = parser.parse_known_args(argv)
     if args.inner:
-        rates = measure(args)
-        args.inner.write_text(json.dumps(rates))
+        partial = args.inner.with_suffix(".partial")  # the outer run reads the file once it exists: whole
+        partial.write_text(json.dumps(measure(args)))
+        partial.rename(args.inner)
         return
-    rates = in_terminal(sys.argv[1:])
+    rates = in_terminal(argv)
     for mode in ("plain", "live"):
         runs = rates[mode]
         print(f"{mode:>5}: " + ", ".join(f"{r:.2f}" for r, _ in runs) + " tok/s; time outside the decoder "
@@ -103,6 +114,7 @@ def main() -> None:
     ratio = statistics.median(live[0] / plain[0] for live, plain in zip(rates["live"], rates["plain"]))
     extra = statistics.median(live[1] - plain[1] for live, plain in zip(rates["live"], rates["plain"]))
     print(f"median live/plain tok/s = {ratio:.3f}; the view's extra share of the time = {extra:+.2%}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,1 @@
+"""Timing scripts: what passes, rounds, rollbacks, indexes and front ends cost (figures, not asserts)."""
