@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from time import perf_counter
 
-from localspec.engine.drafters.base import MODEL, BaseDrafter, Draft, Offer, RoundState
+from localspec.engine.drafters.base import Draft, Offer, RoundState
 from localspec.engine.drafters.model_drafting import (
     HEAD_MIN_CONFIDENCE,
+    CompanionHeadDrafter,
     companion_cost_ratio,
-    companion_missing,
     draw_draft,
 )
 from localspec.engine.llama.heads import DFlashHead
@@ -31,17 +31,15 @@ from localspec.gguf.heads import HeadFile
 PRIOR_DFLASH_ACCEPTANCE = 0.6
 
 
-class DFlashDrafter(BaseDrafter):
+class DFlashDrafter(CompanionHeadDrafter):
     """Drafts with a DFlash head given as the pair's draft file (``gguf/heads.py`` checks it fits)."""
 
     source = "dflash"
-    kind = MODEL
     block = True
     prior = {1: PRIOR_DFLASH_ACCEPTANCE}
     methods = ("dflash",)
     style = "bright_cyan"
     needs = "a DFlash head as the draft"
-    drafts_with_head = True
 
     def __init__(self, target: Model, head: HeadFile) -> None:
         target.capture_layer_inputs(head.layers)
@@ -50,14 +48,6 @@ class DFlashDrafter(BaseDrafter):
                                mask_token=head.mask_token, causal=head.causal)
         self.max_block = head.block_size - 1  # the drafts a trained block holds after the last token
         self.cost_ratio = companion_cost_ratio(self.head.n_params, target)  # a one-row pass's
-
-    @classmethod
-    def missing(cls, inputs) -> str:
-        return companion_missing(cls, inputs)
-
-    @classmethod
-    def make(cls, inputs) -> DFlashDrafter:
-        return cls(inputs.target, inputs.head)
 
     def offer(self, state: RoundState) -> Offer | None:
         context = state.context

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.engine.drafters.model_drafting import ChainedHeadDrafter, companion_cost_ratio, companion_missing
+from localspec.engine.drafters.model_drafting import ChainedHeadDrafter, CompanionHeadDrafter, companion_cost_ratio
 from localspec.engine.llama.heads import Eagle3Head
 from localspec.engine.llama.model import Model
 from localspec.gguf.heads import HeadFile
@@ -23,7 +23,7 @@ from localspec.gguf.heads import HeadFile
 PRIOR_EAGLE3_ACCEPTANCE = 0.6
 
 
-class Eagle3Drafter(ChainedHeadDrafter):
+class Eagle3Drafter(CompanionHeadDrafter, ChainedHeadDrafter):
     """Drafts with an EAGLE-3 head given as the pair's draft file (``gguf/heads.py`` checks it fits)."""
 
     source = "eagle3"
@@ -37,14 +37,6 @@ class Eagle3Drafter(ChainedHeadDrafter):
         self.target = target
         self.head = Eagle3Head(head.path, target, features=len(head.layers) * target.n_embd)
         self.cost_ratio = companion_cost_ratio(self.head.n_params, target)
-
-    @classmethod
-    def missing(cls, inputs) -> str:
-        return companion_missing(cls, inputs)
-
-    @classmethod
-    def make(cls, inputs) -> Eagle3Drafter:
-        return cls(inputs.target, inputs.head)
 
     def entries(self, context: Sequence[int]) -> Sequence[int]:
         return context[1:]  # the first entry needs the target's layer inputs at a token before it

@@ -94,13 +94,23 @@ def draw_draft(
     return tokens, None if sampling.greedy else qs, steps
 
 
-def companion_missing(cls: type[BaseDrafter], inputs) -> str:
-    """Why drafter ``cls`` cannot draft with the pair's draft file (``inputs.head``): it is not a head of
-    its kind; "" when it is."""
-    head = inputs.head
-    if head is not None and head.kind == cls.source:
-        return ""
-    return f"the pair's draft is not {COMPANION_ARCHITECTURES[cls.source]} head"
+class CompanionHeadDrafter(BaseDrafter):
+    """A drafter whose head is a companion file given as the pair's draft (EAGLE-3, DFlash): it drafts
+    where that file is a head of its kind, and is built from the target and the file."""
+
+    kind = MODEL
+    drafts_with_head = True
+
+    @classmethod
+    def missing(cls, inputs) -> str:
+        head = inputs.head
+        if head is not None and head.kind == cls.source:
+            return ""
+        return f"the pair's draft is not {COMPANION_ARCHITECTURES[cls.source]} head"
+
+    @classmethod
+    def make(cls, inputs) -> CompanionHeadDrafter:
+        return cls(inputs.target, inputs.head)
 
 
 def companion_cost_ratio(head_params: int, target) -> float:
