@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from localspec.engine.drafters.base import MAX_COPY_DRAFT
+
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 1
-DEFAULT_MAX_DRAFT = 64
 # A token written where a copy's source had another is learned as a replacement when this many tokens
 # before it occurred before (a copy) and the two tokens after it follow the source again.
 REPLACEMENT_CONTEXT = 4
@@ -63,7 +64,7 @@ class PromptLookupIndex:
         *,
         max_ngram: int = DEFAULT_MAX_NGRAM,
         min_ngram: int = DEFAULT_MIN_NGRAM,
-        max_draft: int = DEFAULT_MAX_DRAFT,
+        max_draft: int = MAX_COPY_DRAFT,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")

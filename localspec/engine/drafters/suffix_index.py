@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localspec.engine.drafters.base import MAX_COPY_DRAFT
+
 # Tokens hashed into a key: shorter finds more matches, longer fewer chance ones.
 KEY_LEN = 3
 # Ends every stored answer, so no key and no draft spans two answers.
@@ -45,7 +47,6 @@ DEFAULT_MIN_SCORE = 0.3
 # How many verifications the occurrences' share weighs as (the Beta prior's count): one rejection halves
 # the score of a continuation every occurrence shares, three cut it below DEFAULT_MIN_SCORE.
 DEFAULT_PRIOR_WEIGHT = 1.0
-DEFAULT_MAX_DRAFT = 64
 # The recent table is folded into the sorted one once it holds this share of the tokens.
 MERGE_SHARE = 0.125
 MIN_MERGE_TOKENS = 1 << 16
@@ -118,7 +119,7 @@ class SuffixIndex:
         max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
         min_score: float = DEFAULT_MIN_SCORE,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-        max_draft: int = DEFAULT_MAX_DRAFT,
+        max_draft: int = MAX_COPY_DRAFT,
     ) -> None:
         if not 0.0 < min_score <= 1.0:
             raise ValueError(f"min_score must be in (0, 1], got {min_score}")

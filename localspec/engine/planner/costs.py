@@ -140,8 +140,7 @@ class Costs:
         """A prompt pass of ``batch_size`` tokens, kept as a hint of what long drafts cost. It computed one
         row of logits where a verification computes one per token, and took the exact kernels' prefill
         paths: priced as a verification, its rows' share of output projection is added back, and it stays
-        a hint: so priced, 16- and 64-token prefills on the 2-core AMD EPYC still came to 0.76x and 0.71x of
-        verifications of their size."""
+        a hint: so priced, a prefill still comes to less than a verification of its size."""
         rows = batch_size * (1.0 - output_share) + output_share
         self._anchor = (batch_size, seconds * batch_size / rows)
         self._priced.clear()
@@ -164,9 +163,8 @@ class Costs:
         """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
 
         Each is trusted at once but counts as one sample, so this session's passes of its size outvote it
-        from the second: a stale cost priced 2-token passes at 1.30x of one on the 2-core Intel Xeon where
-        they took 1.03x, and auto, declining the one-token drafts it priced as a loss, would have needed four
-        passes of that size to learn otherwise.
+        from the second: a stale cost that prices a size as a loss would otherwise keep auto from drafting
+        at that size, and so from ever measuring it again.
         """
         for batch_size, value in relative.items():
             if 1 < batch_size <= MAX_VERIFY_BATCH and batch_size not in self._relative:
