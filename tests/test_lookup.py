@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.engine.drafters.lookup import (
+from localspec.engine.drafters.lookup_index import (
     FOLLOW_MIN_MATCH,
     MAX_REPORTED_MATCH,
     RENAME_SEEN,
