@@ -143,7 +143,7 @@ def _prefill_repacked_and_plain(repacked: Model, path: Path, tokens: list[int], 
             params.use_extra_bufts = False
             super().__init__(params=params, **kwargs)
 
-    monkeypatch.setattr(_internals, "Model", PlainWeights)
+    monkeypatch.setattr(_internals, "LlamaModel", PlainWeights)
     plain = Model(path, n_ctx=repacked.n_ctx, n_threads=repacked.n_threads)
     try:
         repacked.reset()

@@ -8,6 +8,9 @@ kind does is tested in test_eagle3.py and test_dflash.py.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -182,3 +185,19 @@ def test_the_stock_comparison_puts_stock_drafting_with_the_head_beside_localspec
     assert "stock draft-simple" not in rows and f"stock draft-{other}" not in rows
     assert rows[f"stock draft-{kind}"]["drafted"] > 0 and rows[f"localspec {kind} k=auto"]["drafted"] > 0
     assert rows[f"localspec {kind} k=auto"]["identical"]
+
+
+def test_a_closed_sibling_frees_its_head_and_the_process_exits_cleanly(pair):
+    """bench closes its configurations' decoders: freeing a head's own buffers must leave nothing for the
+    process to free again (a DFlash head once handed llama.cpp Python's position rows to free)."""
+    script = f"""
+from tests.test_companion_heads import PROMPT, generate, make_decoder
+decoder = make_decoder({tuple(map(str, pair))!r}, method="auto")
+prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+sibling = decoder.sibling(method="{kind_of(pair)}", draft_len=None, history=None)
+assert generate(sibling, prompt) == generate(decoder, prompt)
+sibling.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -218,7 +218,10 @@ class DFlashHead(_HeadCache):
         # An embeddings batch on an M-RoPE head reads 4 position rows per token (section-major), more than
         # llama_batch_init allocates: the rows are ours.
         self._positions = (lib.llama_pos * (4 * self.n_batch))()
-        self._own_pos, self._inject.pos = self._inject.pos, self._positions
+        # The address, not the field: a pointer read from a ctypes struct shares the struct's memory, so it
+        # would read back our rows once they are set, and llama_batch_free would free Python's buffer.
+        self._own_pos = ctypes.cast(self._inject.pos, ctypes.c_void_p).value
+        self._inject.pos = self._positions
 
     @property
     def n_params(self) -> int:
@@ -257,7 +260,7 @@ class DFlashHead(_HeadCache):
 
     def close(self) -> None:
         if self._block is not None:
-            self._inject.pos = self._own_pos  # llama_batch_free frees what it allocated
+            self._inject.pos = ctypes.cast(self._own_pos, type(self._inject.pos))  # llama_batch_free frees its own
             self._lib.llama_batch_free(self._inject)
             self._lib.llama_batch_free(self._block)
             self._block = None
