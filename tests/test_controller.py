@@ -156,10 +156,28 @@ def test_one_slow_round_does_not_make_drafting_look_cheap():
         controller.plan([offer])
         controller.record_round("none", 0, 0, offer.tokens if i % 10 < 4 else [NOT_OFFERED])
     for _ in range(COST_WINDOW):
-        controller.costs.record_overhead(0.0003)
+        controller.costs.record_overhead(0.0003, drafted=False)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
-    controller.costs.record_overhead(0.046)
+    controller.costs.record_overhead(0.046, drafted=False)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
+
+
+def test_a_drafting_rounds_own_work_is_priced_apart_from_a_target_alone_rounds():
+    """Offering, verifying several rows' logits and rolling back make a drafting round's own work dearer
+    than a target-alone round's; priced at the blended figure, a bet that loses beside the target alone
+    looks like a win."""
+    controller = measured(CPU, method="auto")
+    for i in range(60):  # one-token copies of 2-token matches, right 6 times in 10: a thin edge
+        offer = copy_offer("lookup", 1, 2)
+        controller.plan([offer])
+        controller.record_round("none", 0, 0, offer.tokens if i % 10 < 6 else [NOT_OFFERED])
+    for _ in range(COST_WINDOW):
+        controller.costs.record_overhead(0.0002, drafted=False)
+    assert choose(controller, lookup_available=1, lookup_match_len=2).source == "lookup"
+    for _ in range(COST_WINDOW):  # each drafting round's own work costs a tenth of a pass more
+        controller.costs.record_overhead(0.0002 + CPU[1] / 10, drafted=True)
+    assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
+    assert controller.beliefs()["drafting_overhead_s"] > controller.beliefs()["overhead_s"]
 
 
 def test_one_slow_draft_or_snapshot_does_not_move_its_cost():

@@ -247,7 +247,7 @@ class SpeculativeDecoder:
         elapsed = self.clock() - started
         overhead = elapsed - draft_s - verify_s - rollback_s
         stats.overhead_s += overhead
-        controller.costs.record_overhead(overhead)
+        controller.costs.record_overhead(overhead, drafted=drafted > 0)
         # A priced plan carried out as priced (a probe's figures are its hopes, not its expectation).
         if plan.expected_rate > 0 and k == plan.k and not plan.explored:
             stats.record_plan(plan.source, plan.expected_tokens, plan.expected_tokens / plan.expected_rate,

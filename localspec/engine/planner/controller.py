@@ -173,7 +173,7 @@ class Controller:
         self._answer_tokens += accepted + 1
         if self._probe_pending:
             self._probe_pending = False
-            spent = (self.round_seconds(source, drafted) or 0.0) + self.costs.overhead
+            spent = (self.round_seconds(source, drafted) or 0.0) + self.costs.round_overhead(drafted > 0)
             # A probe that paid funds the next ones in this answer: a drafter whose prior is wrong here
             # keeps being tried while it pays, and the answer as a whole never loses more than the budget.
             loss = spent - (accepted + 1) / self.target_alone_rate()
@@ -238,6 +238,7 @@ class Controller:
             if draft is None or draft.costs.catch_up_per_token is None
             else round(draft.costs.catch_up_per_token, 6),
             "overhead_s": round(costs.overhead, 5),
+            "drafting_overhead_s": round(costs.round_overhead(True), 5),
             "checkpoint_s": None if costs.checkpoint_s is None else round(costs.checkpoint_s, 5),
             "restore_s": None if costs.restore_s is None else round(costs.restore_s, 5),
             **{f"{source}_acceptance": estimates.summary() for source, estimates in self._copies.items()},
@@ -267,7 +268,7 @@ class Controller:
         the drafting (``_drafting_seconds``), the overhead, and past a recurrent target's snapshots a
         checkpoint and, should the draft be rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
-        overhead = costs.overhead
+        overhead = costs.round_overhead(True)
         seconds = []
         reach, restore = 1.0, 0.0
         for k in range(1, len(rates) + 1):
