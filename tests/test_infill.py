@@ -9,6 +9,10 @@ shapes llama.vim sends (FACTS.md, "Editors").
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import struct
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +26,8 @@ from localspec.prompt_cache import PromptCache
 from localspec.server.infill import parse_infill_request
 from localspec.server.worker import GenerationWorker
 from localspec.session import ModelOptions, Pair, open_decoder
-from tests.test_server import TIMEOUT_S, client, serving, wait_until_idle
+from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
+from tests.test_server import REAL_TIMEOUT_S, TIMEOUT_S, client, serving, wait_until_idle
 from tests.tiny_models import fim_fields
 
 N_CTX = 2048  # llama-server gives the chunks what a batch (1024) leaves of the context
@@ -231,3 +236,84 @@ def test_n_indent_cuts_a_less_indented_line_one_piece_late():
     # The line after the first newline is checked from the next piece on, each line one piece after the last.
     assert [limits.feed(p) for p in pieces] == [False, False, False, True]
     assert limits.text == "x = 1\n    y = 2\n"
+
+
+# -- against stock llama-server on the real target ----------------------------------------------------
+# A small context and batch, and a server answer limit, so that each of llama-server's budgets cuts something
+# within a few hundred tokens (cheap to prefill on two cores).
+STOCK_CTX, STOCK_BATCH, STOCK_PREDICT = 512, 256, 8
+
+
+def editor_requests() -> list[dict]:
+    """llama.vim's requests at a few cursor positions in this file, with chunks of another (its budgets: 256
+    lines before the cursor line, 64 after); this file holds FIM tokens' texts, which must stay text."""
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    other = Path(fim_prompt.__code__.co_filename).read_text(encoding="utf-8").splitlines()
+    chunks = [{"filename": "localspec/fim.py", "text": "\n".join(other[i:i + 32]) + "\n"} for i in (0, 40)]
+    requests = []
+    for row in (12, 75, 140):
+        line = lines[row]
+        column = len(line) // 2
+        requests.append({"input_prefix": "\n".join(lines[max(0, row - 256):row]) + "\n", "prompt": line[:column],
+                         "input_suffix": line[column:] + "\n" + "\n".join(lines[row + 1:row + 65]) + "\n",
+                         "input_extra": chunks, "n_predict": 0, "samplers": [], "cache_prompt": True})
+    return requests
+
+
+def saved_slot_tokens(path: Path) -> list[int]:
+    """The tokens llama-server evaluated for a slot, from its saved state."""
+    data = path.read_bytes()
+    magic, _, count = struct.unpack_from("<3I", data)  # llama_state_seq_save_file's header
+    assert magic == 0x67677371  # "ggsq"
+    packed = struct.unpack_from(f"<{count}i", data, 12)
+    # llama-server's own list: a -1 marker, its version, the number of tokens, the tokens (then media).
+    return list(packed[3:3 + packed[2]]) if packed[0] == -1 else list(packed)
+
+
+@pytest.mark.real
+@pytest.mark.stock
+@pytest.mark.timeout(300)
+def test_prompts_equal_stock_llama_servers_on_the_real_target(qwen_pair, stock_bin, tmp_path):  # noqa: F811
+    target = qwen_pair[0]
+    model = Model(target, vocab_only=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [str(stock_bin / "llama-server"), "-m", str(target), "-c", str(STOCK_CTX), "-b", str(STOCK_BATCH),
+               "-ub", str(STOCK_BATCH), "-n", str(STOCK_PREDICT), "-np", "1", "-t", "2", "--no-warmup",
+               "--host", "127.0.0.1", "--port", str(port), "--slot-save-path", str(tmp_path)]
+    log = (tmp_path / "llama-server.log").open("w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(server, base)
+        for i, body in enumerate(editor_requests()):
+            answer = httpx.post(f"{base}/infill", json=body, timeout=REAL_TIMEOUT_S)
+            assert answer.status_code == 200, answer.text
+            saved = httpx.post(f"{base}/slots/0?action=save", json={"filename": f"{i}.bin"}, timeout=TIMEOUT_S)
+            assert saved.status_code == 200, saved.text
+            theirs = saved_slot_tokens(tmp_path / f"{i}.bin")
+            ours = fim_prompt(model, parse_infill_request(body).fim, n_ctx=STOCK_CTX, n_batch=STOCK_BATCH,
+                              n_predict=STOCK_PREDICT)
+            assert ours == theirs and answer.json()["tokens_evaluated"] == len(ours)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def wait_for_health(server: subprocess.Popen, base: str) -> None:
+    deadline = time.monotonic() + REAL_TIMEOUT_S
+    while True:
+        assert server.poll() is None, "llama-server exited; see its log"
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "llama-server did not start"
+        time.sleep(0.2)
