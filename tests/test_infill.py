@@ -8,7 +8,6 @@ shapes llama.vim sends (FACTS.md, "Editors").
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import struct
@@ -248,7 +247,7 @@ def editor_requests() -> list[dict]:
     """llama.vim's requests at a few cursor positions in this file, with chunks of another (its budgets: 256
     lines before the cursor line, 64 after); this file holds FIM tokens' texts, which must stay text."""
     lines = Path(__file__).read_text(encoding="utf-8").splitlines()
-    other = Path(fim_prompt.__code__.co_filename).read_text(encoding="utf-8").splitlines()
+    other = (Path(__file__).parents[1] / "localspec" / "fim.py").read_text(encoding="utf-8").splitlines()
     chunks = [{"filename": "localspec/fim.py", "text": "\n".join(other[i:i + 32]) + "\n"} for i in (0, 40)]
     requests = []
     for row in (12, 75, 140):
