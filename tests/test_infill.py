@@ -149,7 +149,6 @@ def test_warm_up_answers_at_once_and_leaves_the_chunks_in_the_prompt_cache(fim_s
     chunks = warm_prompt.index(model.fim_tokens()["pre"])
     answer = infill(fim_server, GREEDY | {"response_fields": []}).json()
     assert answer["timings"]["cache_n"] >= chunks
-    assert answer["timings"]["prompt_n"] <= answer["tokens_evaluated"] - chunks
 
 
 def test_llama_vims_completion_gets_exactly_the_fields_it_asks_for(fim_server):
@@ -161,7 +160,7 @@ def test_llama_vims_completion_gets_exactly_the_fields_it_asks_for(fim_server):
     assert body["timings/predicted_n"] > 0 and body["tokens_cached"] > body["timings/prompt_n"] >= 0
 
 
-def test_the_infill_samplers_distribution_is_refused_until_it_is_reproduced(fim_server):
+def test_the_infill_samplers_distribution_and_bad_input_get_a_400_naming_them(fim_server):
     answer = infill(fim_server, COMPLETION)  # llama.vim's own chain: llama-server samples from it
     assert answer.status_code == 400 and "'infill' sampler is not supported yet" in answer.json()["error"]["message"]
     assert infill(fim_server, COMPLETION | {"input_extra": "a.py"}).status_code == 400

@@ -46,7 +46,7 @@ def parse_infill_request(body: object) -> GenerationRequest:
                       "(llama.vscode: set max_parallel_completions to 1)", "unsupported_parameter")
     for name in ("id_slot", "t_max_prompt_ms"):  # one slot; llama-server ignores t_max_prompt_ms too
         integer(body, name, minimum=-1)
-    boolean(body, "cache_prompt")  # the prompt cache is always used: it keeps answers bit for bit
+    boolean(body, "cache_prompt")  # checked only: the prompt cache is always used (see prompt_cache.py)
     return GenerationRequest(
         fim=FimRequest(prefix=_text(body, "input_prefix", required=True),
                        suffix=_text(body, "input_suffix", required=True),
