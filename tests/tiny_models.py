@@ -83,8 +83,31 @@ WORDS = ["▁the", "▁def", "▁return", "▁hello", "▁world", "▁code", "�
 LETTERS = list("abcdefghijklmnopqrstuvwxyz") + ["▁"]
 
 
+# Qwen2.5-Coder's fill-in-the-middle tokens, by the GGUF key naming each (llama.cpp also finds them by text).
+FIM_TOKENS = {
+    "tokenizer.ggml.fim_pre_token_id": "<|fim_prefix|>",
+    "tokenizer.ggml.fim_suf_token_id": "<|fim_suffix|>",
+    "tokenizer.ggml.fim_mid_token_id": "<|fim_middle|>",
+    "tokenizer.ggml.fim_pad_token_id": "<|fim_pad|>",
+    "tokenizer.ggml.fim_rep_token_id": "<|repo_name|>",
+    "tokenizer.ggml.fim_sep_token_id": "<|file_sep|>",
+}
+# The repo-level tokens, which only some FIM models have.
+REPO_LEVEL_KEYS = ("tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
+
+
 def default_vocab() -> list[str]:
     return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + LETTERS + WORDS
+
+
+def fim_fields(*, repo_level: bool = True, keys: bool = True) -> dict:
+    """TinySpec fields of a vocabulary with FIM tokens after the default ones, their ids in the GGUF's keys
+    (``keys=False``: no keys, so llama.cpp finds them by their text); ``repo_level=False`` leaves out the
+    repo-level tokens."""
+    chosen = {key: text for key, text in FIM_TOKENS.items() if repo_level or key not in REPO_LEVEL_KEYS}
+    tokens = default_vocab() + list(chosen.values())
+    extra = {key: tokens.index(text) for key, text in chosen.items()} if keys else {}
+    return {"tokens": tokens, "extra": extra}
 
 
 @dataclass
@@ -150,6 +173,9 @@ class TinySpec:
     # one that predicted the head's input token, so the head guesses that token again (an echo that shows
     # it was given the right hidden state).
     mtp_echoes: bool = False
+    # With trunk_scale 0, rules "token text -> the text of the token predicted after it" (by a wide margin),
+    # so a test can have the model write what it needs, such as lines of a given indentation.
+    next_tokens: dict[str, str] = field(default_factory=dict)
 
 
 def _types_for(tokens: list[str]) -> list[int]:
@@ -157,7 +183,7 @@ def _types_for(tokens: list[str]) -> list[int]:
     for i, text in enumerate(tokens):
         if text.startswith("<0x") and len(text) == 6:
             types.append(gguf.TokenType.BYTE)
-        elif text in ("<s>", "</s>"):
+        elif text in ("<s>", "</s>") or text in FIM_TOKENS.values():
             types.append(gguf.TokenType.CONTROL)
         elif text == "<unk>":
             types.append(gguf.TokenType.UNKNOWN)
@@ -319,10 +345,11 @@ def _weights(spec: TinySpec) -> Iterator[tuple[str, np.ndarray]]:
 
     # llama.cpp reads LFM2's final norm under this name.
     output_norm = "token_embd_norm.weight" if spec.architecture == "lfm2" else "output_norm.weight"
-    yield "token_embd.weight", mat(n_vocab, d, 1.0)
+    embeddings = mat(n_vocab, d, 1.0)
+    yield "token_embd.weight", embeddings
     yield output_norm, _ones(d)
     if not spec.tie_embeddings:
-        yield "output.weight", mat(n_vocab, d, 0.15 * spec.logit_scale)
+        yield "output.weight", _with_next_tokens(spec, embeddings, mat(n_vocab, d, 0.15 * spec.logit_scale))
     for i in range(spec.n_layers):
         if _is_attention_layer(spec, i):
             mixer = _attention(spec, mat)
@@ -336,6 +363,20 @@ def _weights(spec: TinySpec) -> Iterator[tuple[str, np.ndarray]]:
         yield from ((f"blk.{i}.{name}", array) for name, array in block.items())
     if spec.mtp:
         yield from ((f"blk.{spec.n_layers}.{name}", array) for name, array in _mtp_block(spec, mat).items())
+
+
+# How far a rule of TinySpec.next_tokens lifts its token's logit.
+NEXT_TOKEN_LOGIT = 30.0
+
+
+def _with_next_tokens(spec: TinySpec, embeddings: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """``output`` with the rules of ``spec.next_tokens`` written into it: with the trunk scaled to 0, the last
+    hidden state of a token is its embedding, RMS-normalized, so a row along it lifts that row's token."""
+    for current, following in spec.next_tokens.items():
+        hidden = embeddings[spec.tokens.index(current)]
+        hidden = hidden / np.sqrt(np.mean(hidden**2))
+        output[spec.tokens.index(following)] += NEXT_TOKEN_LOGIT * hidden / (hidden @ hidden)
+    return output
 
 
 # The projections that write a block's contribution into the residual stream.

@@ -1,11 +1,11 @@
 """The HTTP APIs: a Starlette app around a ``GenerationWorker``, served by uvicorn.
 
-OpenAI's chat completions (openai.py), Anthropic's Messages (anthropic.py) and OpenAI's Responses
-(responses.py) each translate their body into the one ``GenerationRequest`` and the job's events back
-into their own format; nothing below knows which API asked. Handlers run on the event loop and never
-touch a model: they check the request, queue a ``Job`` and relay its events, as one JSON body or as
-server-sent events. A client that goes away cancels its job, whether it is still queued or already
-generating.
+OpenAI's chat completions (openai.py), Anthropic's Messages (anthropic.py), OpenAI's Responses
+(responses.py) and llama-server's /infill for editors (infill.py) each translate their body into the one
+``GenerationRequest`` and the job's events back into their own format; nothing below knows which API asked.
+Handlers run on the event loop and never touch a model: they check the request, queue a ``Job`` and relay
+its events, as one JSON body or as server-sent events. A client that goes away cancels its job, whether it
+is still queued or already generating.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localspec.server import anthropic, openai, responses
+from localspec.server import anthropic, infill, openai, responses
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.request import APIError, GenerationRequest
 from localspec.server.results import now
@@ -57,8 +57,8 @@ def make_app(
 
     Args:
         model_name: the id listed by /v1/models and echoed in responses (any requested name is accepted).
-        api_key: when set, every /v1 request needs ``Authorization: Bearer <api_key>`` (or, as Anthropic's
-            clients send it, ``x-api-key: <api_key>``).
+        api_key: when set, every /v1 and /infill request needs ``Authorization: Bearer <api_key>`` (or, as
+            Anthropic's clients send it, ``x-api-key: <api_key>``).
         cors_origin: the one browser origin allowed to call the API; no CORS headers without it.
     """
     expected_key = api_key.encode() if api_key else None
@@ -111,6 +111,12 @@ def make_app(
         generation = responses.parse_responses_request(await _read_json(request, max_body_bytes))
         return await _answer(request, worker, generation, responses.ResponsesFormat(model_name, generation))
 
+    async def infill_api(request: Request) -> Response:
+        authorize(request)
+        body = await _read_json(request, max_body_bytes)
+        fmt = infill.InfillFormat(model_name, infill.response_fields(body))
+        return await _answer(request, worker, infill.parse_infill_request(body), fmt)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         worker.start()
@@ -134,6 +140,7 @@ def make_app(
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/v1/responses", responses_api, methods=["POST"]),
+            Route("/infill", infill_api, methods=["POST"]),
         ],
         middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},

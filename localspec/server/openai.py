@@ -3,12 +3,14 @@
 A chat body becomes the one internal ``GenerationRequest`` (request.py) almost as it is: its messages and
 tools already have the shape chat templates read. Fields that would change the answer but that localspec
 cannot honour (``n`` > 1, penalties, logprobs...) are refused; fields that do not change it (``user``,
-``model``...) are accepted. The answer's events come back as ``chat.completion`` objects or chunks (with
+``model``...) are accepted. A completion with a ``suffix`` fills in the middle with the model's FIM tokens
+(fim.py). The answer's events come back as ``chat.completion`` objects or chunks (with
 the model's reasoning as ``reasoning_content``, as llama-server sends it) or ``text_completion`` objects.
 """
 
 from __future__ import annotations
 
+from localspec.fim import FimRequest
 from localspec.server.reasoning import ReasoningDelta
 from localspec.server.request import (
     NO_REASONING, ROLE_ALIASES, ROLES, TOOL_CHOICES, APIError, GenerationRequest, answer_schema, boolean,
@@ -86,6 +88,12 @@ def parse_completion_request(body: object) -> GenerationRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]  # the openai client sends a one-element list for a single prompt
+    suffix = body.get("suffix")
+    if suffix is not None:
+        # Insert between the prompt and the suffix: /infill's FIM prompt without other files' chunks.
+        if not isinstance(suffix, str) or not isinstance(prompt, str):
+            raise invalid("'suffix' and 'prompt' must be strings: the text after and before the insertion")
+        return GenerationRequest(fim=FimRequest(prefix=prompt, suffix=suffix), api="completions", **_common(body))
     if not isinstance(prompt, str) or not prompt:
         raise invalid("'prompt' must be a non-empty string (one prompt per request; token ids are not accepted)")
     return GenerationRequest(prompt=prompt, api="completions", **_common(body))
@@ -106,8 +114,8 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     if body.get("logprobs") or body.get("top_logprobs"):
         raise invalid("'logprobs' are not supported: leave them out", "unsupported_parameter")
     if not chat:
-        if body.get("echo") or body.get("suffix"):
-            raise invalid("'echo' and 'suffix' are not supported: leave them out", "unsupported_parameter")
+        if body.get("echo"):
+            raise invalid("'echo' is not supported: leave it out", "unsupported_parameter")
         best_of = integer(body, "best_of", minimum=1)
         if best_of is not None and best_of > 1:
             raise invalid("'best_of' > 1 is not supported: send best_of=1", "unsupported_parameter")

@@ -20,6 +20,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from localspec.fim import FimRequest
+
 log = logging.getLogger("localspec.server")
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -63,6 +65,10 @@ class GenerationRequest:
 
     messages: list[dict] | None = None  # chat, in the chat-template shape (see the module docstring)
     prompt: str | None = None  # raw completion
+    fim: FimRequest | None = None  # fill in the middle: the prompt is built from the model's FIM tokens
+    # An editor's limits on the answer (fim.CompletionLimits; 0: off).
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
     api: str = "chat.completions"  # which API asked, for the log line
     tools: list[dict] = field(default_factory=list)  # [{"type": "function", "function": {name, ...}}]
     tool_choice: str = "auto"  # "auto", "none", "required" or "function" (then tool_name)

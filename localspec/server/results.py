@@ -39,15 +39,21 @@ def timings(stats: GenerationStats, method: str) -> dict:
         "cache_n": cached_tokens(stats),
         "prompt_n": stats.prefill_tokens,
         "prompt_ms": stats.prefill_s * 1000.0,
+        "prompt_per_token_ms": _per_token_ms(stats.prefill_tok_per_s),
         "prompt_per_second": stats.prefill_tok_per_s,
         "predicted_n": stats.generated_tokens,
         "predicted_ms": stats.decode_s * 1000.0,
+        "predicted_per_token_ms": _per_token_ms(stats.decode_tok_per_s),
         "predicted_per_second": stats.decode_tok_per_s,
         "draft_n": stats.drafted,
         "draft_n_accepted": stats.accepted,
         "method": method,
         "by_source": figures["by_source"],
     }
+
+
+def _per_token_ms(per_second: float) -> float:
+    return 1000.0 / per_second if per_second > 0 else 0.0  # 0 where nothing was timed, as llama-server says
 
 
 def collect(events: list) -> tuple[str, str, list[ToolCall]]:

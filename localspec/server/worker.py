@@ -23,6 +23,7 @@ from localspec.engine.decoding.sampling import SamplingParams
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.llama.model import Model
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
+from localspec.fim import CompletionLimits, fim_prompt
 from localspec.gguf.memory import MemoryKind
 from localspec.prompt_cache import PromptCache, Restored
 from localspec.server.reasoning import THINK_OPEN, ReasoningDelta, ReasoningSplitter, has_reasoning
@@ -52,6 +53,9 @@ class Finished:
     method: str  # the configured speculation method (per-round methods are in stats)
     called: bool = False  # the answer called tools (OpenAI's finish_reason "tool_calls")
     stop: str | None = None  # the stop string that ended the answer, if one did
+    # Where an editor's limit ended the answer (fim.CompletionLimits): the characters of its text kept. The
+    # n_indent rule cuts a line already sent, as llama-server's does.
+    kept: int | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,10 @@ class GenerationWorker:
 
     def _prompt(self, request: GenerationRequest) -> tuple[list[int], bool]:
         """The prompt's tokens, and whether it ends inside the model's reasoning (the template opened it)."""
+        if request.fim is not None:
+            # The server's own answer limit takes a share of the context from the chunks, as llama-server's -n.
+            target = self.decoder.target
+            return fim_prompt(target, request.fim, n_ctx=target.n_ctx, n_predict=self.max_tokens or -1), False
         if request.messages is None:
             return Conversation(self.decoder, chat=False).render([{"role": "user", "content": request.prompt}]), False
         if not self.has_chat_template:
@@ -322,6 +330,8 @@ class GenerationWorker:
                 else:
                     emit(parser.feed(piece) if parser else [TextDelta(piece)])
 
+        limits = (CompletionLimits(n_indent=request.n_indent, t_max_predict_ms=request.t_max_predict_ms)
+                  if request.n_indent or request.t_max_predict_ms else None)
         stop = None
         with closing(text) as pieces:
             for piece in pieces:
@@ -330,12 +340,16 @@ class GenerationWorker:
                 stop = piece.stop
                 if piece.text:
                     answer(splitter.feed(piece.text) if splitter else [piece.text])
+                    if limits is not None and limits.feed(piece.text):
+                        break
         if splitter:
             answer(splitter.finish())
         if parser:
             emit(parser.finish())
         stats = decoder.stats
-        job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop))
+        kept = len(limits.text) if limits is not None and limits.ended else None
+        job.emit(Finished(stats, decoder.controller.method, called=bool(parser and parser.calls), stop=stop,
+                          kept=kept))
         cached = (f", {restored.tokens} restored from the prompt cache's {restored.source} in {restored.seconds:.2f} s"
                   if restored else "")
         log.info("%s | %d prompt tokens (%d reused%s) | %s", request.api, stats.prompt_tokens,

@@ -165,6 +165,15 @@ class Model:
     def add_bos(self) -> bool:
         return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
 
+    def fim_tokens(self) -> dict[str, int | None]:
+        """The fill-in-the-middle token ids ("pre", "suf", "mid", "rep", "sep"; None where the vocabulary has
+        none), as llama.cpp's vocabulary resolves them: the GGUF's keys, else known token texts."""
+        lib = self._lib
+        found = {"pre": lib.llama_vocab_fim_pre(self._vocab), "suf": lib.llama_vocab_fim_suf(self._vocab),
+                 "mid": lib.llama_vocab_fim_mid(self._vocab), "rep": lib.llama_vocab_fim_rep(self._vocab),
+                 "sep": lib.llama_vocab_fim_sep(self._vocab)}
+        return {role: token if token >= 0 else None for role, token in found.items()}  # LLAMA_TOKEN_NULL is -1
+
     # -- KV cache --------------------------------------------------------------------------------
     @property
     def n_past(self) -> int:
