@@ -51,6 +51,15 @@ def teach(controller, source, match_len, acceptance, rounds=40, k=8):
             controller.record_round(source, k, accepted)
 
 
+def offer_short_copies(controller, right_in_ten, rounds=60):
+    """Rounds kept to the target alone whose one-token lookup offers of 2-token matches were judged right
+    ``right_in_ten`` times in ten by what the round emitted."""
+    for i in range(rounds):
+        offer = copy_offer("lookup", 1, 2)
+        controller.plan([offer])
+        controller.record_round("none", 0, 0, offer.tokens if i % 10 < right_in_ten else [NOT_OFFERED])
+
+
 COPIES = ("lookup", "suffix")
 NOT_OFFERED = -1  # a token no copy offers
 
@@ -151,10 +160,7 @@ def test_one_slow_round_does_not_make_drafting_look_cheap():
     on SmolLM2-135M, AMD EPYC) must not price the next rounds as dear: a dear round favours drafting, whose
     tokens share it."""
     controller = measured(CPU, method="auto")
-    for i in range(60):  # one-token copies of 2-token matches, right 4 times in 10: just short of paying
-        offer = copy_offer("lookup", 1, 2)
-        controller.plan([offer])
-        controller.record_round("none", 0, 0, offer.tokens if i % 10 < 4 else [NOT_OFFERED])
+    offer_short_copies(controller, right_in_ten=4)  # just short of paying
     for _ in range(COST_WINDOW):
         controller.costs.record_overhead(0.0003, drafted=False)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
@@ -167,10 +173,7 @@ def test_a_drafting_rounds_own_work_is_priced_apart_from_a_target_alone_rounds()
     than a target-alone round's; priced at the blended figure, a bet that loses beside the target alone
     looks like a win."""
     controller = measured(CPU, method="auto")
-    for i in range(60):  # one-token copies of 2-token matches, right 6 times in 10: a thin edge
-        offer = copy_offer("lookup", 1, 2)
-        controller.plan([offer])
-        controller.record_round("none", 0, 0, offer.tokens if i % 10 < 6 else [NOT_OFFERED])
+    offer_short_copies(controller, right_in_ten=6)  # a thin edge
     for _ in range(COST_WINDOW):
         controller.costs.record_overhead(0.0002, drafted=False)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "lookup"

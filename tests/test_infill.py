@@ -8,10 +8,8 @@ shapes llama.vim sends (FACTS.md, "Editors").
 
 from __future__ import annotations
 
-import signal
-import socket
+import os
 import struct
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +23,8 @@ from localspec.prompt_cache import PromptCache
 from localspec.server.infill import parse_infill_request
 from localspec.server.worker import GenerationWorker
 from localspec.session import ModelOptions, Pair, open_decoder
+from scripts.bench.agents import free_port
+from scripts.bench.agents import server as stock_server
 from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
 from tests.test_server import REAL_TIMEOUT_S, TIMEOUT_S, client, serving, wait_until_idle
 from tests.tiny_models import fim_fields
@@ -274,17 +274,11 @@ def saved_slot_tokens(path: Path) -> list[int]:
 def test_prompts_equal_stock_llama_servers_on_the_real_target(qwen_pair, stock_bin, tmp_path):  # noqa: F811
     target = qwen_pair[0]
     model = Model(target, vocab_only=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [str(stock_bin / "llama-server"), "-m", str(target), "-c", str(STOCK_CTX), "-b", str(STOCK_BATCH),
                "-ub", str(STOCK_BATCH), "-n", str(STOCK_PREDICT), "-np", "1", "-t", "2", "--no-warmup",
                "--host", "127.0.0.1", "--port", str(port), "--slot-save-path", str(tmp_path)]
-    log = (tmp_path / "llama-server.log").open("w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_health(server, base)
+    with stock_server(command, port, dict(os.environ), tmp_path / "llama-server.log") as base:
         for i, body in enumerate(editor_requests()):
             answer = httpx.post(f"{base}/infill", json=body, timeout=REAL_TIMEOUT_S)
             assert answer.status_code == 200, answer.text
@@ -294,24 +288,3 @@ def test_prompts_equal_stock_llama_servers_on_the_real_target(qwen_pair, stock_b
             ours = fim_prompt(model, parse_infill_request(body).fim, n_ctx=STOCK_CTX, n_batch=STOCK_BATCH,
                               n_predict=STOCK_PREDICT)
             assert ours == theirs and answer.json()["tokens_evaluated"] == len(ours)
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
-
-
-def wait_for_health(server: subprocess.Popen, base: str) -> None:
-    deadline = time.monotonic() + REAL_TIMEOUT_S
-    while True:
-        assert server.poll() is None, "llama-server exited; see its log"
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "llama-server did not start"
-        time.sleep(0.2)

@@ -9,7 +9,6 @@ a server without the cache; the benchmark script's replay and recorder are teste
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
@@ -31,6 +30,7 @@ from localspec.gguf.memory import MemoryKind
 from localspec.prompt_cache import SUFFIX, PromptCache, usable_prefix
 from localspec.server.worker import GenerationWorker
 from localspec.session import ModelOptions, Pair, open_decoder
+from scripts.bench import agents as bench
 from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
 from tests.test_server import TIMEOUT_S, serving
 
@@ -402,16 +402,7 @@ def test_a_hybrid_target_restores_the_previous_turns_prompt_between_side_request
 
 
 # -- scripts/bench/agents.py on a recorded-style session -------------------------------------------------------
-def load_bench():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "agents.py"
-    spec = importlib.util.spec_from_file_location("bench_agents", path)
-    module = sys.modules["bench_agents"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_agents_replay_prefills_only_what_no_earlier_request_shares(tiny_target, tiny_draft, tmp_path):
-    bench = load_bench()
     agent = "You are an agent. " + "hello world the code print x = 1. " * 8
     main = [{"role": "system", "content": agent}, {"role": "user", "content": TEXTS[0]}]
     lines = [
@@ -448,7 +439,6 @@ def test_bench_agents_counts_what_llama_server_prefilled_where_its_stream_carrie
         stock_bin, tiny_target, tmp_path):
     """Stock llama-server's Anthropic and Responses streams carry no timings: its counters (/metrics) say
     what each request prefilled and reused."""
-    bench = load_bench()
     agent = "You are an agent. " + "hello world the code print x = 1. " * 8
     first = {"stream": True, "system": agent, "max_tokens": 6, "messages": [{"role": "user", "content": TEXTS[0]}]}
     later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "x = 1"},
@@ -469,7 +459,6 @@ def test_bench_agents_counts_what_llama_server_prefilled_where_its_stream_carrie
 def test_bench_agents_gives_no_session_verdict_when_an_engine_failed_a_request(capsys):
     """Stock llama-server dropped the connection on a recorded Claude Code request: its short session time
     must not read as a win for either engine."""
-    bench = load_bench()
     requests = [bench.Request("/v1/messages", {}), bench.Request("/v1/messages", {})]
     ok = bench.Answer(200, 5.0, 1.0, prompt_n=10, cache_n=0)
     ours = bench.Replay("localspec", "s", [ok, ok], seconds=10.0)
@@ -488,7 +477,6 @@ def test_bench_agents_retries_a_connection_the_server_closed_without_answering()
     answer that then comes is the request's answer."""
     import threading
 
-    bench = load_bench()
     listener = socket.create_server(("127.0.0.1", 0))
     body = b'{"timings": {"prompt_n": 3, "cache_n": 4}}'
 

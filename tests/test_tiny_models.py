@@ -3,7 +3,6 @@ model of scripts/models/hybrid.py at a tiny size."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import llama_cpp
@@ -11,16 +10,8 @@ import numpy as np
 import pytest
 
 from localspec.engine.llama.model import Model
+from scripts.models import hybrid
 from tests.tiny_models import TinySpec, write_tiny_model
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "models" / "hybrid.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("make_hybrid_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def next_token_logits(path: Path, tokens: list[int]) -> np.ndarray:
@@ -65,9 +56,8 @@ def test_each_recurrent_architecture_loads_computes_and_keeps_the_rollback_llama
 
 
 def test_the_qwen35_0_8b_shaped_script_writes_a_loadable_hybrid_at_a_tiny_size(tmp_path):
-    script = load_script()
-    spec = script.qwen35_0_8b_spec(layers=4, embd=64, vocab=512)
-    path = script.make_hybrid_model(tmp_path / "hybrid.gguf", spec)
+    spec = hybrid.qwen35_0_8b_spec(layers=4, embd=64, vocab=512)
+    path = hybrid.make_hybrid_model(tmp_path / "hybrid.gguf", spec)
     model = Model(path, n_ctx=256)
     try:
         assert llama_cpp.llama_model_is_hybrid(model._model.model)
@@ -78,10 +68,9 @@ def test_the_qwen35_0_8b_shaped_script_writes_a_loadable_hybrid_at_a_tiny_size(t
 
 
 def test_the_script_quantizes_through_llama_cpp(tmp_path):
-    script = load_script()
     out = tmp_path / "q.gguf"
-    script.main([str(out), "--layers", "4", "--embd", "64", "--vocab", "512", "--type", "Q8_0"])
+    hybrid.main([str(out), "--layers", "4", "--embd", "64", "--vocab", "512", "--type", "Q8_0"])
     assert [p.name for p in tmp_path.iterdir()] == ["q.gguf"]  # the intermediate f16 file is cleaned up
-    f16 = script.make_hybrid_model(tmp_path / "f16.gguf", script.qwen35_0_8b_spec(layers=4, embd=64, vocab=512))
+    f16 = hybrid.make_hybrid_model(tmp_path / "f16.gguf", hybrid.qwen35_0_8b_spec(layers=4, embd=64, vocab=512))
     assert out.stat().st_size < 0.7 * f16.stat().st_size
     assert np.isfinite(next_token_logits(out, [1, 300, 301])).all()
