@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from scipy import stats
 
 from localspec.engine.decoding import acceptance
 from localspec.engine.decoding.decoder import SpeculativeDecoder
-from localspec.engine.decoding.sampling import SamplingParams, probabilities, sample
+from localspec.engine.decoding.sampling import InfillRule, SamplingParams, probabilities, sample
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.drafters.base import TARGET_ALONE
 from localspec.engine.drafters.draft_model import DraftModelDrafter
@@ -147,7 +148,7 @@ def spread_pair(make_tiny_model):
     return target, draft
 
 
-def exact_sequence_distribution(model_path, prompt):
+def exact_sequence_distribution(model_path, prompt, sampling=SAMPLING):
     """P(first N_TOKENS tokens, or fewer before an end token) for target-alone sampling, by enumerating the top-k tree."""
     model = Model(model_path, n_ctx=256, n_threads=1)
     dist = {}
@@ -157,7 +158,7 @@ def exact_sequence_distribution(model_path, prompt):
             dist[tuple(prefix)] = prob
             return
         model.reset()
-        p = probabilities(model.eval(prompt + prefix)[0], SAMPLING)
+        p = probabilities(model.eval(prompt + prefix)[0], sampling)
         for token in np.flatnonzero(p):
             if model.is_end_of_generation(int(token)):
                 dist[tuple(prefix)] = dist.get(tuple(prefix), 0.0) + prob * p[token]
@@ -168,7 +169,7 @@ def exact_sequence_distribution(model_path, prompt):
     return dist
 
 
-def sequence_pvalue(decoder, prompt, dist):
+def sequence_pvalue(decoder, prompt, dist, sampling=SAMPLING):
     """Chi-square p-value of N_SAMPLES seeded generations against ``dist``; also (drafted, accepted).
 
     A sequence that target-alone sampling can never produce makes the p-value 0.
@@ -176,7 +177,7 @@ def sequence_pvalue(decoder, prompt, dist):
     counts = dict.fromkeys(dist, 0)
     drafted = accepted = impossible = 0
     for seed in range(N_SAMPLES):
-        out = tuple(generate(decoder, prompt, N_TOKENS, SamplingParams(**{**SAMPLING.__dict__, "seed": seed})))
+        out = tuple(generate(decoder, prompt, N_TOKENS, replace(sampling, seed=seed)))
         if out in counts:
             counts[out] += 1
         else:
@@ -188,8 +189,9 @@ def sequence_pvalue(decoder, prompt, dist):
     observed = np.array([counts[k] for k in keys], dtype=float)
     # Pool the rare sequences so every cell expects at least 5 samples.
     big = expected >= 5
-    expected = np.append(expected[big], expected[~big].sum())
-    observed = np.append(observed[big], observed[~big].sum())
+    if not big.all():
+        expected = np.append(expected[big], expected[~big].sum())
+        observed = np.append(observed[big], observed[~big].sum())
     pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
     return (0.0 if impossible else pvalue), drafted, accepted
 
@@ -216,6 +218,24 @@ def test_sampled_output_follows_target_distribution(sampling_case, method):
     if method != "none":
         # Both acceptances and rejections (residual draws) must have happened for the test to mean much.
         assert 0.1 * drafted < accepted < 0.9 * drafted
+
+
+@pytest.mark.parametrize("method", ["draft", "lookup"])
+def test_sampled_output_with_the_infill_sampler_follows_target_distribution(spread_pair, method):
+    """Editors' chain (top-k, top-p, infill at temperature 1): its end-of-generation rule, merged tokens and
+    thresholds are part of the distribution that drafts are accepted against."""
+    target, draft = spread_pair
+    sampling = replace(SAMPLING, top_k=8, infill=InfillRule(Model(target, vocab_only=True)))
+    prompt = Model(target, vocab_only=True).tokenize("hello world", add_bos=True)
+    if method == "lookup":
+        likely = generate(make_decoder(target, method="none"), prompt, N_TOKENS)
+        prompt = prompt + likely + prompt[1:]
+    dist = exact_sequence_distribution(target, prompt, sampling)
+    assert len(dist) > 3  # sampled, not one sure answer
+    decoder = make_decoder(target, draft, method=method, draft_len=2, min_confidence=0.0)
+    pvalue, drafted, accepted = sequence_pvalue(decoder, prompt, dist, sampling)
+    assert pvalue > ALPHA
+    assert 0.1 * drafted < accepted < 0.9 * drafted
 
 
 def _bonus_from_draft(draft, q, p, rng):

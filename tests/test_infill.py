@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import struct
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
-from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.decoding.sampling import InfillRule, SamplingParams, probabilities
 from localspec.engine.llama.model import Model
 from localspec.fim import Chunk, CompletionLimits, FimRequest, fim_prompt
 from localspec.prompt_cache import PromptCache
@@ -160,9 +162,28 @@ def test_llama_vims_completion_gets_exactly_the_fields_it_asks_for(fim_server):
     assert body["timings/predicted_n"] > 0 and body["tokens_cached"] > body["timings/prompt_n"] >= 0
 
 
-def test_the_infill_samplers_distribution_and_bad_input_get_a_400_naming_them(fim_server):
-    answer = infill(fim_server, COMPLETION)  # llama.vim's own chain: llama-server samples from it
-    assert answer.status_code == 400 and "'infill' sampler is not supported yet" in answer.json()["error"]["message"]
+def test_llama_vims_own_chain_samples_from_the_infill_samplers_distribution(make_tiny_model):
+    """llama.vim samples (top-k 40, top-p 0.9, infill, at temperature 1): every first token drawn is one the
+    infill sampler keeps, though top-p alone keeps more."""
+    spread = make_tiny_model("fim-spread", seed=5, logit_scale=2.0, **fim_fields())
+    model = Model(spread, n_ctx=N_CTX, n_threads=1)
+    logits = model.eval(fim_prompt(model, parse_infill_request(COMPLETION).fim, n_ctx=N_CTX))[0]
+    plain = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.0)
+    kept = {model.detokenize([int(t)]) for t in np.flatnonzero(probabilities(logits, replace(plain, infill=InfillRule(model))))}
+    assert len(np.flatnonzero(probabilities(logits, plain))) > len(kept)
+    drawn = set()
+    with serving(open_worker(spread, None, method="lookup")) as server:
+        for seed in range(12):
+            answer = infill(server, COMPLETION | {"n_predict": 1, "seed": seed, "response_fields": ["content"]})
+            assert answer.status_code == 200
+            drawn.add(answer.json()["content"])
+    assert drawn <= kept
+
+
+def test_chains_localspec_cannot_follow_and_bad_input_get_a_400_naming_them(fim_server):
+    tempered_first = infill(fim_server, COMPLETION | {"samplers": ["temperature", "infill"], "temperature": 0.7})
+    assert tempered_first.status_code == 400 and "before 'infill'" in tempered_first.json()["error"]["message"]
+    assert infill(fim_server, COMPLETION | {"samplers": ["infill", "top_k"]}).status_code == 400
     assert infill(fim_server, COMPLETION | {"input_extra": "a.py"}).status_code == 400
     assert "input_prefix" in infill(fim_server, {"input_suffix": ""}).json()["error"]["message"]
 

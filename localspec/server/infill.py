@@ -6,9 +6,9 @@ prompt from it (localspec/fim.py) and applies the editor's ``n_indent`` and ``t_
 is llama-server's JSON (``content``, ``tokens_cached``, ``truncated``, ``timings``...), trimmed to the
 ``response_fields`` a plugin asks for, whose nested names ("timings/prompt_n") become top-level keys.
 
-Sampling follows llama-server's ``samplers`` chain where localspec's sampling is that same chain; what it
-is not (the ``infill`` sampler unless it follows a zero temperature, penalties, DRY...) is refused, never
-replaced by another distribution. Fields that only steer llama-server's slots and cache (``id_slot``,
+Sampling follows llama-server's ``samplers`` chain where localspec's sampling is that same chain (top-k,
+top-p, min-p, then ``infill`` as the plugins send it, then temperature); what it is not (penalties, DRY, a
+temperature before ``infill``...) is refused, never replaced by another distribution. Fields that only steer llama-server's slots and cache (``id_slot``,
 ``cache_prompt``, ``t_max_prompt_ms``, which llama-server does not implement either) are read and ignored.
 """
 
@@ -119,22 +119,26 @@ def _sampling(body: dict) -> dict:
         raise invalid(f"the sampler(s) {', '.join(others)} are not supported; use {', '.join(CHAIN)}",
                       "unsupported_parameter")
     temperature = values["temperature"]
+    infill = "infill" in chain
     if "temperature" in chain and temperature is not None and temperature <= 0:
         first = chain.index("temperature")
         if all(i > first for i, step in enumerate(chain) if step == "infill"):
             # Greedy: the filters keep the most likely token, a zero temperature keeps only it, and the infill
             # sampler leaves a single token alone.
             return {"temperature": 0.0}
-    if "infill" in chain:
-        raise invalid("the 'infill' sampler is not supported yet: localspec does not sample from its distribution; "
-                      "send \"samplers\" with \"temperature\" before \"infill\" and \"temperature\": 0 for greedy "
-                      "completions, or leave \"infill\" out", "unsupported_parameter")
-    if chain != sorted(chain, key=CHAIN.index) or len(set(chain)) < len(chain):
+    filters = [step for step in chain if step != "infill"]
+    if filters != sorted(filters, key=CHAIN.index) or len(set(chain)) < len(chain):
         raise invalid(f"'samplers' must keep this order, each once: {', '.join(CHAIN)} (localspec's sampling "
-                      "applies them so)", "unsupported_parameter")
+                      "applies them so), with 'infill' after the filters", "unsupported_parameter")
+    if infill and any(step in ("top_k", "top_p", "min_p") for step in chain[chain.index("infill"):]):
+        raise invalid("'infill' must come after top_k, top_p and min_p in 'samplers' (localspec's sampling applies "
+                      "it there, as llama.vim and llama.vscode ask)", "unsupported_parameter")
+    if infill and "temperature" in chain[:chain.index("infill")]:
+        raise invalid("a temperature before 'infill' in 'samplers' is supported only at 0 (greedy): move "
+                      "'temperature' after 'infill' or leave it out", "unsupported_parameter")
     # A step left out of the chain is off; without a temperature step the draw is at temperature 1.
     off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
-    return {step: values[step] if step in chain else off[step] for step in CHAIN}
+    return {**{step: values[step] if step in chain else off[step] for step in CHAIN}, "infill_sampler": infill}
 
 
 def _chain(samplers: object) -> list[str] | None:

@@ -82,6 +82,7 @@ class GenerationRequest:
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    infill_sampler: bool = False  # llama.cpp's infill sampler after the filters (editors' /infill requests)
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False

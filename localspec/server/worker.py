@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from localspec.conversation import TEMPLATE_KEY, Conversation
 from localspec.engine.decoding.decoder import SpeculativeDecoder
-from localspec.engine.decoding.sampling import SamplingParams
+from localspec.engine.decoding.sampling import InfillRule, SamplingParams
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.llama.model import Model
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
@@ -298,6 +298,8 @@ class GenerationWorker:
         # Without a limit, generate until the end of the answer or of the context window.
         max_tokens = request.max_tokens or self.max_tokens or decoder.target.n_ctx - len(prompt)
         sampling = replace(self.sampling, **request.sampling_overrides())
+        if request.infill_sampler and not sampling.greedy:
+            sampling = replace(sampling, infill=InfillRule(decoder.target))
 
         def abandon_if_cancelled(done: int, total: int) -> None:
             # Called between prefill chunks; the KV cache holds exactly the chunks evaluated so far.

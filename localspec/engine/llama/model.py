@@ -114,10 +114,13 @@ class Model:
         self.n_vocab: int = self._model.n_vocab()
         self.tokens: list[int] = []
         self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large prompt pass
-        self._pieces: dict[int, bytes] = {}
+        self._pieces: dict[tuple[int, bool], bytes] = {}
         self._vocab = self._model.vocab
         self.bos_id: int = self._model.token_bos()
         self.eos_id: int = self._model.token_eos()
+        # What llama.cpp ends an infill with when nothing but end-of-generation is left: EOT, else EOS.
+        eot = self._lib.llama_vocab_eot(self._vocab)
+        self.end_of_text_id: int = eot if eot >= 0 else self.eos_id
         self.metadata: dict[str, str] = self._model.metadata()
         # MTP heads loaded with the model (0 unless load_mtp and the file has them).
         self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model.model)) if model_params.load_mtp else 0
@@ -139,15 +142,23 @@ class Model:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (special tokens render as their text)."""
-        piece = self._pieces.get(token)
+        return self._piece(token, special=True)
+
+    def text_piece(self, token: int) -> bytes:
+        """The bytes a token adds to text, as llama.cpp's infill sampler compares them: nothing for a control
+        token."""
+        return self._piece(token, special=False)
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        piece = self._pieces.get((token, special))
         if piece is None:
             size = 64
             buf = ctypes.create_string_buffer(size)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
             if n < 0:  # the piece is longer than the buffer: -n is the size needed
                 buf = ctypes.create_string_buffer(-n)
-                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
-            piece = self._pieces[token] = buf.raw[:n]
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+            piece = self._pieces[token, special] = buf.raw[:n]
         return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
