@@ -180,6 +180,17 @@ def test_llama_vims_own_chain_samples_from_the_infill_samplers_distribution(make
     assert drawn <= kept
 
 
+def test_llama_vscodes_three_completions_come_as_a_list_the_later_ones_drafted_from_the_first(fim_pair):
+    with serving(open_worker(*fim_pair)) as server:  # a fresh answer history
+        answers = infill(server, GREEDY | {"n_cmpl": 3, "response_fields": []}).json()
+        assert [a["index"] for a in answers] == [0, 1, 2]
+        assert len({a["content"] for a in answers}) == 1 and answers[0]["content"]
+        assert all(a["timings"]["draft_n_accepted"] > 0 for a in answers[1:])
+        too_many = infill(server, COMPLETION | {"n_cmpl": 5}).json()["error"]["message"]
+        assert too_many == "Field 'n_cmpl': Value must be between 1 <= value <= 4, but got 5"  # llama.vscode's hint
+        assert infill(server, COMPLETION | {"n_cmpl": 2, "stream": True}).status_code == 400
+
+
 def test_chains_localspec_cannot_follow_and_bad_input_get_a_400_naming_them(fim_server):
     tempered_first = infill(fim_server, COMPLETION | {"samplers": ["temperature", "infill"], "temperature": 0.7})
     assert tempered_first.status_code == 400 and "before 'infill'" in tempered_first.json()["error"]["message"]

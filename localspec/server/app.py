@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hmac
 import json
 import logging
@@ -115,7 +116,19 @@ def make_app(
         authorize(request)
         body = await _read_json(request, max_body_bytes)
         fmt = infill.InfillFormat(model_name, infill.response_fields(body))
-        return await _answer(request, worker, infill.parse_infill_request(body), fmt)
+        generation = infill.parse_infill_request(body)
+        n = infill.completions(body, stream=generation.stream)
+        if n == 1:
+            return await _answer(request, worker, generation, fmt)
+        answers = []
+        for index in range(n):  # one slot: one after the other; each seeded apart from the others
+            seed = None if generation.seed is None else generation.seed + index
+            response = await _answer(request, worker, dataclasses.replace(generation, seed=seed), fmt)
+            if response.status_code != 200:  # the client has gone
+                return response
+            answer = json.loads(response.body)
+            answers.append(answer | {"index": index} if "index" in answer else answer)
+        return JSONResponse(answers)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

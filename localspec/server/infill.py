@@ -10,6 +10,8 @@ Sampling follows llama-server's ``samplers`` chain where localspec's sampling is
 top-p, min-p, then ``infill`` as the plugins send it, then temperature); what it is not (penalties, DRY, a
 temperature before ``infill``...) is refused, never replaced by another distribution. Fields that only steer llama-server's slots and cache (``id_slot``,
 ``cache_prompt``, ``t_max_prompt_ms``, which llama-server does not implement either) are read and ignored.
+``n_cmpl`` completions are answered one after the other, each drafted from the ones before it where they
+agree (the answer history), so a sure completion costs one verification pass per copy.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ SAMPLERS = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperatu
             "adaptive_p")
 _ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 _LETTERS = dict(zip("dkpsymtxiea", SAMPLERS))
+# n_cmpl's limit: llama-server's default number of slots.
+MAX_COMPLETIONS = 4
 # localspec's sampling: these filters on the untempered distribution, then the temperature (sampling.py).
 CHAIN = ("top_k", "top_p", "min_p", "temperature")
 # Fields that change the answer and what leaves it unchanged: anything else is refused.
@@ -40,10 +44,6 @@ def parse_infill_request(body: object) -> GenerationRequest:
     for name, neutral in _NEUTRAL.items():
         if body.get(name) not in (None, neutral):
             raise invalid(f"'{name}' is not supported: leave it out or send {neutral!r}", "unsupported_parameter")
-    n_cmpl = integer(body, "n_cmpl", minimum=1)
-    if n_cmpl is not None and n_cmpl > 1:
-        raise invalid("'n_cmpl' > 1 is not supported yet: localspec answers one completion per request; send 1 "
-                      "(llama.vscode: set max_parallel_completions to 1)", "unsupported_parameter")
     for name in ("id_slot", "t_max_prompt_ms"):  # one slot; llama-server ignores t_max_prompt_ms too
         integer(body, name, minimum=-1)
     boolean(body, "cache_prompt")  # checked only: the prompt cache is always used (see prompt_cache.py)
@@ -60,6 +60,21 @@ def parse_infill_request(body: object) -> GenerationRequest:
         seed=integer(body, "seed", minimum=0),
         **_sampling(body),
     )
+
+
+def completions(body: dict, *, stream: bool) -> int:
+    """``n_cmpl`` (alias ``n``): how many completions of the one prompt to answer, as a JSON list when more
+    than one. llama-server's limit is its slot count (4 by default); llama.vscode's hint matches its wording."""
+    n = integer(body, "n_cmpl", minimum=1)
+    n = n if n is not None else integer(body, "n", minimum=1)
+    if n is None:
+        return 1
+    if n > MAX_COMPLETIONS:
+        raise invalid(f"Field 'n_cmpl': Value must be between 1 <= value <= {MAX_COMPLETIONS}, but got {n}")
+    if n > 1 and stream:
+        raise invalid("'n_cmpl' > 1 is answered only with \"stream\": false (as llama.vscode sends it)",
+                      "unsupported_parameter")
+    return n
 
 
 def response_fields(body: dict) -> tuple[str, ...]:
