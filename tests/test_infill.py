@@ -8,7 +8,9 @@ shapes llama.vim sends (FACTS.md, "Editors").
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import struct
 import time
 from dataclasses import replace
@@ -238,6 +240,46 @@ def test_time_budget_ends_the_answer_at_a_newline(lines_server):
     answer = infill(lines_server, UNLIMITED | {"t_max_predict_ms": 1}).json()
     assert answer["stop_type"] == "limit" and answer["tokens_predicted"] < 64
     assert answer["content"].endswith("\n") and (" x" + "\n  x" * 21).startswith(answer["content"])
+
+
+def hang_up_after(server, body: dict, seconds: float) -> None:
+    """What an editor does on the next keystroke: send a completion, then close the socket mid-answer."""
+    host, port = server.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(b"POST /infill HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload))
+        time.sleep(seconds)
+
+
+def test_a_hang_up_frees_the_server_at_once_and_dead_requests_never_hold_up_the_next(make_tiny_model):
+    # A model slow enough that its whole answer (till the context is full) takes seconds.
+    target = make_tiny_model("fim-lines-slow", trunk_scale=0.0, next_tokens=LINES, n_layers=6, n_embd=384,
+                             n_ff=1536, **fim_fields())
+    endless = UNLIMITED | {"n_predict": -1}
+    short = UNLIMITED | {"n_predict": 16}
+    worker = open_worker(target, None, method="none")
+    with serving(worker) as server:
+        started = time.monotonic()
+        first = infill(server, short).json()
+        first_s = time.monotonic() - started
+        hang_up_after(server, endless, 0.5)
+        closed = time.monotonic()
+        wait_until_idle(server)
+        freed_s = time.monotonic() - closed
+        stats = worker.decoder.stats
+        assert stats.stop_reason is None and 0 < stats.generated_tokens < (N_CTX - stats.prompt_tokens) // 2
+        # Freed within a round or two (a round here is a few ms), not at the end of the answer.
+        per_round = stats.decode_s / max(stats.target_passes, 1)
+        assert freed_s < 0.25 + 2 * per_round, (freed_s, per_round)
+        # 20 keystrokes, each abandoning the request before: nothing of them is left to wait behind.
+        for _ in range(20):
+            hang_up_after(server, endless, 0.02)
+        started = time.monotonic()
+        after = infill(server, short).json()
+        after_s = time.monotonic() - started
+    assert after["content"] == first["content"]
+    assert after_s < 1.5 * first_s + 0.25, (after_s, first_s)
 
 
 class Clock:
