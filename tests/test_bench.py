@@ -31,13 +31,16 @@ from localspec.cli.app import app
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.decoding.text import Step
 from localspec.engine.drafters.dflash import DFlashDrafter
+from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import LEAD_TOKENS
 from localspec.engine.planner.controller import Controller
 from localspec.engine.planner.costs import TRUSTED_SAMPLES
 from localspec.errors import UsageError
+from localspec.fim import fim_prompt
 from localspec.profiles import DEFAULT_PROFILE, ModelSpec, load_profile
 from localspec.session import ModelOptions, Pair, open_decoder
 from localspec.store import cache as store
+from tests.tiny_models import fim_fields
 
 ROW_TYPES = {
     "workload": str,
@@ -174,6 +177,11 @@ def test_without_matplotlib_the_plot_is_skipped_with_a_note(monkeypatch, tmp_pat
         (['{"workload": "a", "turns": []}'], "line 1: 'turns' must be a non-empty list"),
         (['{"prompt": "x"}'], "line 1: 'workload' must be a non-empty string"),
         (['{"workload": "a", "prompt": "x", "temp": 1}'], "line 1: unknown key 'temp'"),
+        (['{"workload": "a", "prompt": "x", "fim": {"prefix": "", "suffix": ""}}'], "line 1: give exactly one of"),
+        (['{"workload": "a", "fim": {"prefix": "x"}}'], "line 1: 'fim' must be an object with 'prefix' and 'suffix'"),
+        (['{"workload": "a", "fim": {"prefix": "", "suffix": "", "chunks": ["x"]}}'], "'fim.chunks' must be a list"),
+        (['{"workload": "a", "fim": {"prefix": "", "suffix": "", "cursor": 3}}'], "unknown key fim.cursor"),
+        (['{"workload": "a", "system": "s", "fim": {"prefix": "", "suffix": ""}}'], "a 'fim' prompt takes no 'system'"),
         (
             ['{"workload": "a", "id": "p", "prompt": "x"}', '{"workload": "a", "id": "p", "prompt": "y"}'],
             "'p' appears twice",
@@ -422,6 +430,30 @@ def test_bench_reports_cold_and_warm_passes_with_each_requests_speedup(tiny_targ
         for method, history in (("none", False), ("auto", False), ("auto", True))
     ]
     assert "auto+history k=auto per request:" in result.output
+
+
+def test_the_completion_slice_is_llama_servers_infill_prompt_and_needs_fim_tokens(make_tiny_model, tiny_target,
+                                                                                 tmp_path):
+    fim = make_tiny_model("bench-fim", seed=0, logit_scale=8.0, **fim_fields())
+    completion = write_lines(tmp_path / "completion.jsonl", json.dumps(
+        {"workload": "completion", "id": "c", "fim": {"prefix": "def hello(x):\n", "suffix": "\nprint x\n",
+                                                      "middle": "    re", "chunks": [{"text": "return x\n"}]}}))
+    out = tmp_path / "fim.json"
+    result = run("--target", fim, "--prompts", completion, "--methods", "none,lookup", "--runs", 1,
+                 "--max-tokens", 8, "--ctx", 512, "--json", out)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["workload"] for r in rows] == ["completion", "completion"] and rows[1]["identical"] is True
+    (prompt,) = workloads.load_prompt_file(completion)
+    runner = BenchRunner(open_decoder(Pair(fim, None, "fim"), ModelOptions(n_ctx=512, threads=1)),
+                         BenchSettings([BASELINE]))
+    assert runner.prepare(prompt).tokens == fim_prompt(Model(fim, vocab_only=True), prompt.fim, n_ctx=512)
+    # A model without FIM tokens: the default slices leave the completions out and say so; named, refused.
+    prompts = workloads.select(workloads.shipped_prompts(), ["completion", "chat"], per_workload=1)
+    kept, note = workloads.for_target(prompts, Model(tiny_target, vocab_only=True), named=False)
+    assert [p.workload for p in kept] == ["chat"] and "left out the completion slice" in note
+    refused = run("--target", tiny_target, "--prompts", completion, "--runs", 1)
+    assert refused.exit_code == 2 and "FIM prefix, suffix, middle token" in refused.output
 
 
 def test_agent_repeat_runs_only_when_named():

@@ -22,6 +22,8 @@ from localspec.bench.stock import EngineRun, Round, StockOutputError, StockResul
 from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
 from localspec.errors import UsageError
+from localspec.fim import FimRequest
+from tests.tiny_models import fim_fields
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "stock"
@@ -167,13 +169,29 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     assert by["all", spec.label]["acceptance_rate"] == pytest.approx(12 / 24, abs=1e-4)
 
 
+def test_a_completion_is_measured_against_stock_llama_server_and_only_there():
+    server, completion_tool, mine = stock.STOCK_SERVER, stock.STOCK_BASELINE, stock.Engine("localspec none")
+    fim = BenchPrompt("completion", "c", (), fim=FimRequest("a", "b"))
+    chat = BenchPrompt("chat", "b", ("q",))
+    rounds = [Round(fim, {server.label: _run(20.0), mine.label: _run(30.0)}),
+              Round(chat, {completion_tool.label: _run(20.0), mine.label: _run(10.0)})]
+    rows = stock.build_rows(StockResult([completion_tool, server, mine], rounds, max_tokens=100))
+    assert [(r["workload"], r["engine"]) for r in rows] == [
+        ("completion", server.label), ("completion", mine.label), ("chat", completion_tool.label),
+        ("chat", mine.label), ("all", completion_tool.label), ("all", server.label), ("all", mine.label)]
+    by = {(r["workload"], r["engine"]): r for r in rows}
+    assert by["completion", mine.label]["decode_ratio"] == 1.5 and by["chat", mine.label]["decode_ratio"] == 0.5
+    assert by["all", mine.label]["decode_ratio"] == pytest.approx(0.75 ** 0.5, abs=1e-3)
+    assert stock.reference(server.label) and not stock.reference(mine.label)
+
+
 # -- errors ----------------------------------------------------------------------------------------
 def test_a_missing_directory_or_tool_is_a_usage_error_naming_the_build_script(tmp_path):
     with pytest.raises(UsageError, match="no such directory; build them with scripts/build-llama-cpp-stock"):
         stock.find_tools(tmp_path / "nowhere")
     (tmp_path / "llama-completion").write_text("#!/bin/sh\n")
     (tmp_path / "llama-completion").chmod(0o755)
-    with pytest.raises(UsageError, match="no executable llama-speculative-simple, llama-lookup there"):
+    with pytest.raises(UsageError, match="no executable llama-speculative-simple, llama-lookup, llama-server there"):
         stock.find_tools(tmp_path)
 
 
@@ -268,6 +286,29 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     # What localspec's decoders measured of the passes is kept for the sessions after it.
     (remembered,) = json.loads(paths.pass_costs_file().read_text()).values()
     assert remembered and all(int(size) > 1 and cost > 0 for size, cost in remembered.items())
+
+
+@pytest.mark.stock
+@pytest.mark.slow
+def test_a_completion_runs_on_stock_llama_server_beside_localspec(stock_bin, make_tiny_model, tmp_path):
+    target = make_tiny_model("stock-fim-target", seed=0, logit_scale=8.0, **fim_fields())
+    draft = make_tiny_model("stock-fim-draft", seed=0, logit_scale=8.0, perturb_seed=1, perturb_scale=0.5,
+                            **fim_fields())
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"workload": "completion", "id": "c", "fim": {
+        "prefix": "def hello(x):\n    return x\n\n", "suffix": "ld(x):\n    print x\n", "middle": "def wor",
+        "chunks": [{"filename": "a.py", "text": "the code print x = x + world\n"}]}}) + "\n")
+    out = tmp_path / "stock.json"
+    result = run_bench("--target", target, "--draft", draft, "--prompts", prompts, "--methods", "none,lookup",
+                       "--runs", 1, "--max-tokens", 16, "--ctx", 2048, "--threads", 1, "--vs-llama-cpp", stock_bin,
+                       "--json", out)
+    assert result.exit_code == 0, result.output
+    rows = {row["engine"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == [e.label for e in stock.STOCK_SERVER_ENGINES] + ["localspec none", "localspec lookup k=auto"]
+    assert rows[stock.STOCK_SERVER.label]["decode_ratio"] == 1.0
+    assert all(row["decode_tok_per_s"] > 0 and row["prefill_tok_per_s"] > 0 for row in rows.values())
+    assert rows["stock server draft-simple"]["drafted"] > 0
+    assert isinstance(rows["localspec none"]["identical"], bool)
 
 
 def test_the_overall_rows_are_the_all_rows_or_the_only_workloads():

@@ -45,6 +45,7 @@ from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import HistoryStore
 from localspec.engine.planner.controller import Controller
 from localspec.engine.planner.estimates import expected_tokens
+from localspec.fim import fim_prompt
 
 T = TypeVar("T")
 
@@ -246,7 +247,10 @@ class BenchRunner:
 
     # -- preparation -----------------------------------------------------------------------------
     def prepare(self, prompt: BenchPrompt) -> PreparedPrompt:
-        """Render the prompt with the chat template; for multi-turn, the baseline answers the earlier turns."""
+        """Render the prompt with the chat template; for multi-turn, the baseline answers the earlier turns; a
+        code completion is llama-server's /infill prompt (which stock tools cannot take as text: ``text`` "")."""
+        if prompt.fim is not None:
+            return PreparedPrompt(prompt, fim_prompt(self.target, prompt.fim, n_ctx=self.target.n_ctx), 0)
         baseline = self.decoders[BASELINE]
         chat = bool(self.target.metadata.get(TEMPLATE_KEY))
         conversation = Conversation(baseline, system=prompt.system, chat=chat)

@@ -25,6 +25,13 @@ How each engine's figures are read:
   ignore the budget (ngram-simple always drafts its 48 tokens; llama-lookup accepts a whole draft past
   ``-n``): the tokens decoded past it count in the rate and the acceptance as the tools print them, and
   each row says how many there were (``past_budget``), since a copy's last draft is its likeliest.
+- ``llama-server`` (``/infill``), for code completions only: decode from ``timings.predicted_n`` and
+  ``predicted_ms``, prefill from ``prompt_n`` and ``prompt_ms``, drafts from ``draft_n`` and
+  ``draft_n_accepted``. A completion's prompt is built from pieces tokenized apart (fim.py), which no text
+  given to llama-completion reproduces, so the completion slice is measured against stock llama-server
+  (started once per configuration with the editor plugins' batch settings, each request with its prompt
+  cache off) as the stock target alone, and its speculative modes, instead of the command-line tools; the
+  prompt's length is checked against localspec's.
 - localspec: its own GenerationStats, from the in-process bench runner.
 
 Agreement is measured, never assumed: stock speculative modes verify drafts with batch kernels that are
@@ -55,8 +62,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -120,7 +130,16 @@ STOCK_ENGINES = (
     Engine("stock draft-eagle3", "llama-speculative-simple", ("--spec-type", "draft-eagle3"), uses_companion="eagle3"),
     Engine("stock draft-dflash", "llama-speculative-simple", ("--spec-type", "draft-dflash"), uses_companion="dflash"),
 )
-STOCK_TOOLS = tuple(dict.fromkeys(e.tool for e in STOCK_ENGINES))
+# Code completions (see the module docstring): llama-server with the plugins' -ub/-b, one slot, no web UI.
+_SERVER_ARGS = ("-ub", "1024", "-b", "1024", "-np", "1", "--no-webui")
+STOCK_SERVER = Engine("stock llama-server /infill", "llama-server", _SERVER_ARGS)
+STOCK_SERVER_ENGINES = (
+    STOCK_SERVER,
+    Engine("stock server ngram-mod", "llama-server", (*_SERVER_ARGS, "--spec-type", "ngram-mod")),
+    Engine("stock server draft-simple", "llama-server", (*_SERVER_ARGS, "--spec-type", "draft-simple"), uses_draft=True),
+)
+STOCK_TOOLS = tuple(dict.fromkeys(e.tool for e in (*STOCK_ENGINES, *STOCK_SERVER_ENGINES)))
+SERVER_START_TIMEOUT_S = 300.0
 
 
 def localspec_engine(config: Config) -> Engine:
@@ -337,7 +356,15 @@ class StockComparison:
         companion = decoder.head.kind if decoder.head is not None else None
         stock = [e for e in STOCK_ENGINES if (model or not e.uses_draft) and (mtp or not e.uses_head)
                  and e.uses_companion in (None, companion)]
-        self.engines = stock + [localspec_engine(c) for c in self.runner.settings.all_configs]
+        ours = [localspec_engine(c) for c in self.runner.settings.all_configs]
+        servers = [e for e in STOCK_SERVER_ENGINES if model or not e.uses_draft]
+        self.engines = stock + ours
+        self.completion_engines = servers + ours
+        self._every_engine = stock + servers + ours  # the order of the report
+        self._servers: dict[Engine, StockServer] = {}
+
+    def engines_for(self, prompt: BenchPrompt) -> list[Engine]:
+        return self.completion_engines if prompt.fim is not None else self.engines
 
     def run(self, prompts: Sequence[BenchPrompt]) -> StockResult:
         prepared = []
@@ -349,23 +376,32 @@ class StockComparison:
         self.runner.warm_up(prepared[0])
         rounds: list[Round] = []
         passes = self.runner.passes()
-        total, done = len(passes) * len(prepared) * self.settings.runs * len(self.engines), 0
+        total = len(passes) * self.settings.runs * sum(len(self.engines_for(item.prompt)) for item in prepared)
+        done = 0
         for item in prepared:
-            self._check_prompt_tokens(item)
-        for name in passes:
-            for item in prepared:
-                prompt = in_pass(item.prompt, name)
-                for run in range(self.settings.runs):
-                    current = Round(prompt)
-                    self.runner.learn(name, run)
-                    for engine in measuring_order(self.engines, len(rounds)):
-                        self.progress(f"{prompt.workload}/{prompt.id}: {engine.label}", done, total)
-                        current.runs[engine.label] = self._measure(item, engine)
-                        done += 1
-                    rounds.append(current)
+            if item.prompt.fim is None:
+                self._check_prompt_tokens(item)
+        try:
+            for name in passes:
+                for item in prepared:
+                    prompt = in_pass(item.prompt, name)
+                    for run in range(self.settings.runs):
+                        current = Round(prompt)
+                        self.runner.learn(name, run)
+                        for engine in measuring_order(self.engines_for(item.prompt), len(rounds)):
+                            self.progress(f"{prompt.workload}/{prompt.id}: {engine.label}", done, total)
+                            current.runs[engine.label] = self._measure(item, engine)
+                            done += 1
+                        rounds.append(current)
+        finally:
+            for server in self._servers.values():
+                server.close()
+            self._servers.clear()
         self.runner.learn(None, 0)
         self.progress("done", total, total)
-        return StockResult(self.engines, rounds, self.settings.max_tokens)
+        used = {label for r in rounds for label in r.runs}
+        engines = [e for e in self._every_engine if e.label in used]
+        return StockResult(engines, rounds, self.settings.max_tokens)
 
     def _measure(self, item: PreparedPrompt, engine: Engine) -> EngineRun:
         if not engine.stock:
@@ -382,6 +418,11 @@ class StockComparison:
                 accepted=stats.accepted if drafts else None,
                 stopped=stats.stop_reason == StopReason.EOS,
             )
+        if engine.tool == STOCK_SERVER.tool:
+            if engine not in self._servers:
+                self.progress(f"starting {engine.label}", 0, 0)
+                self._servers[engine] = StockServer(self._server_command(engine))
+            return self._servers[engine].infill(item, self.settings.max_tokens)
         if engine == STOCK_BASELINE:
             run = self._run_tool(engine, item, parse_completion)
         else:
@@ -465,6 +506,14 @@ class StockComparison:
             )
         return done.stdout, log
 
+    def _server_command(self, engine: Engine) -> list[str]:
+        threads = str(self.target.n_threads)
+        command = [str(self.tools[engine.tool]), "-m", str(self.target_path), "-c", str(self.target.n_ctx),
+                   "-t", threads, "-tb", threads, "-ngl", _gpu_layers(self.target.n_gpu_layers), *engine.args]
+        if engine.uses_draft:
+            command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.draft_model.model.n_gpu_layers)]
+        return command
+
     def _without_end_of_generation(self, text: str) -> str:
         """Drop a final end-of-generation token (llama-completion and llama-lookup print it, localspec does not)."""
         tokens = self.target.tokenize(text, add_bos=False, special=True)
@@ -473,6 +522,76 @@ class StockComparison:
             if text.endswith(piece):
                 return text[: -len(piece)]
         return text
+
+
+class StockServer:
+    """A stock llama-server process on a free loopback port, answering one /infill request at a time."""
+
+    def __init__(self, command: list[str]) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        self.name = Path(command[0]).name
+        self._log = tempfile.TemporaryFile()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "GGML_"))}
+        try:
+            self._process = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)], env=env,
+                                             stdout=self._log, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise StockOutputError(f"cannot run {command[0]}: {exc.strerror}; {BUILD_HINT}") from exc
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not self._healthy():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise StockOutputError(f"{self.name} did not start: {self._last_log_line()}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=5) as answer:
+                return answer.status == 200
+        except OSError:  # refused while it starts; 503 while it loads the model
+            return False
+
+    def _last_log_line(self) -> str:
+        self._log.seek(0)
+        lines = [line for line in self._log.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "no output"
+
+    def infill(self, item: PreparedPrompt, max_tokens: int) -> EngineRun:
+        fim = item.prompt.fim
+        body = {"input_prefix": fim.prefix, "input_suffix": fim.suffix, "prompt": fim.middle,
+                "input_extra": [{"filename": c.filename, "text": c.text} for c in fim.chunks],
+                "n_predict": max_tokens, "temperature": 0.0, "cache_prompt": False}
+        request = urllib.request.Request(self.base + "/infill", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=TOOL_TIMEOUT_S) as answer:
+                result = json.loads(answer.read())
+        except (OSError, ValueError) as exc:
+            raise StockOutputError(f"{self.name} /infill on {item.prompt.id} failed: {exc}") from exc
+        timings = result["timings"]
+        if result["tokens_evaluated"] != len(item.tokens):
+            raise StockOutputError(
+                f"stock llama-server built a {result['tokens_evaluated']}-token prompt for "
+                f"{item.prompt.workload}/{item.prompt.id}, localspec {len(item.tokens)}: not the same prompt")
+        drafted = timings.get("draft_n")
+        return EngineRun(result["content"], decode_tokens=timings["predicted_n"],
+                         decode_s=timings["predicted_ms"] / 1e3, prefill_tokens=timings["prompt_n"],
+                         prefill_s=timings["prompt_ms"] / 1e3, drafted=drafted,
+                         accepted=timings.get("draft_n_accepted") if drafted is not None else None,
+                         stopped=result.get("stop_type") == "eos")
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -486,7 +605,13 @@ def build_rows(result: StockResult) -> list[dict]:
     groups = [(w, [r for r in result.rounds if r.prompt.workload == w]) for w in workloads]
     if len(workloads) > 1:
         groups.append(("all", result.rounds))
-    return [_row(name, rounds, engine, result.max_tokens) for name, rounds in groups for engine in result.engines]
+    return [_row(name, mine, engine, result.max_tokens) for name, rounds in groups for engine in result.engines
+            if (mine := [r for r in rounds if engine.label in r.runs])]
+
+
+def reference(label: str) -> bool:
+    """Whether ``label`` is what the other engines' ratios are against: stock target alone."""
+    return label in (STOCK_BASELINE.label, STOCK_SERVER.label)
 
 
 def overall_rows(rows: list[dict]) -> list[dict]:
@@ -500,7 +625,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
     by_prompt: dict[tuple[str, str], list[Round]] = {}
     for r in rounds:
         by_prompt.setdefault((r.prompt.workload, r.prompt.id), []).append(r)
-    label, base = engine.label, STOCK_BASELINE.label
+    label = engine.label
 
     def per_prompt(figure: Callable[[Round], float | None]) -> list[float]:
         medians = []
@@ -510,8 +635,11 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
                 medians.append(median(values))
         return medians
 
+    def base(r: Round) -> str:  # stock target alone in this round: llama-server for a completion
+        return STOCK_SERVER.label if STOCK_SERVER.label in r.runs else STOCK_BASELINE.label
+
     def ratio(r: Round, rate: str) -> float | None:
-        mine, theirs = getattr(r.runs[label], rate), getattr(r.runs[base], rate)
+        mine, theirs = getattr(r.runs[label], rate), getattr(r.runs[base(r)], rate)
         return mine / theirs if mine and theirs else None
 
     runs = [r.runs[label] for r in rounds]
@@ -520,7 +648,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
     differences = []
     for (workload_name, prompt_id), prompt_rounds in by_prompt.items():
         for r in prompt_rounds:
-            difference = compare_runs(r.runs[base], r.runs[label])
+            difference = compare_runs(r.runs[base(r)], r.runs[label])
             if difference is not None:
                 differences.append({"prompt": f"{workload_name}/{prompt_id}", **difference.__dict__})
                 break

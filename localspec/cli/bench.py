@@ -28,7 +28,7 @@ from localspec.bench.runner import (
     ProgressCallback,
 )
 from localspec.bench.tuned_profile import write_tuned_profile
-from localspec.bench.workloads import load_prompt_file, select, shipped_prompts
+from localspec.bench.workloads import for_target, load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import add_columns, err, out
@@ -120,9 +120,13 @@ def bench_command(
             json_path=json_path,
             unsupported={"--csv": csv_path, "--plot": plot_path, "--write-profile": write_profile},
             progress=_progress,
+            named=bool(workloads or prompts),
         )
         return
     pair, decoder, sampling = generation.open()
+    chosen, note = for_target(chosen, decoder.target, named=bool(workloads or prompts))
+    if note:
+        err.print(note)
     if write_profile is not None and pair.profile is None:
         raise UsageError(
             "--write-profile needs --profile: a profile stores where its models come from, local files do not"

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from localspec.bench import stock
 from localspec.bench.runner import Config, ProgressCallback
-from localspec.bench.workloads import BenchPrompt
+from localspec.bench.workloads import BenchPrompt, for_target
 from localspec.cli import options as o
 from localspec.cli.console import add_columns, err, out
 from localspec.engine.drafters.registry import HEAD_METHODS, check_method, method_missing
@@ -35,6 +35,7 @@ def compare_with_llama_cpp(
     json_path: Path | None,
     unsupported: dict[str, object],
     progress: Callable[[], AbstractContextManager[ProgressCallback]],
+    named: bool,
 ) -> None:
     """Check the tools and options first (before any model loads), then measure, print and write."""
     given = [name for name, value in unsupported.items() if value]
@@ -44,6 +45,9 @@ def compare_with_llama_cpp(
         raise UsageError("--vs-llama-cpp compares greedy outputs; drop --temp or use --temp 0")
     tools = stock.find_tools(bin_dir)
     pair, decoder, _ = replace(generation, temp=0.0).open()
+    prompts, note = for_target(list(prompts), decoder.target, named=named)  # completions need FIM tokens
+    if note:
+        err.print(note)
     # Beside stock draft-mtp, draft-eagle3 and draft-dflash, where the target has its own head or the draft is one.
     missing = decoder.controller.missing
     for method in HEAD_METHODS:
@@ -66,8 +70,8 @@ def compare_with_llama_cpp(
         f"threads {target.n_threads}, ctx {target.n_ctx}, localspec kernels {target.kernels}"
     )
     out.print(_table(title, rows))
-    baseline = next(r for r in stock.overall_rows(rows) if r["engine"] == stock.STOCK_BASELINE.label)
-    if baseline["choosing_share"]:
+    baseline = next((r for r in stock.overall_rows(rows) if r["engine"] == stock.STOCK_BASELINE.label), None)
+    if baseline is not None and baseline["choosing_share"]:
         # Said outright, so that no ratio above passes for a faster pass: stock's sampler is part of its wait.
         share = baseline["choosing_share"]
         out.prose(
@@ -75,7 +79,7 @@ def compare_with_llama_cpp(
             f"against its passes alone, every decode ratio above is {1 - share:.3f} times as large"
         )
     for row in rows:
-        if row["engine"] != stock.STOCK_BASELINE.label and not row["identical"]:
+        if not stock.reference(row["engine"]) and not row["identical"]:
             out.prose(f"  {row['workload']}, {row['engine']} {_difference(row)}")
     if json_path:
         meta = {
@@ -145,7 +149,7 @@ def _past_budget(row: dict) -> str:
 
 
 def _output(row: dict) -> str:
-    if row["engine"] == stock.STOCK_BASELINE.label:
+    if stock.reference(row["engine"]):
         return "(reference)"
     return "identical" if row["identical"] else "differs"
 
