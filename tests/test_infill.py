@@ -27,12 +27,14 @@ from localspec.prompt_cache import PromptCache
 from localspec.server.infill import parse_infill_request
 from localspec.server.worker import GenerationWorker
 from localspec.session import ModelOptions, Pair, open_decoder
+from scripts.bench import agents
 from scripts.bench.agents import free_port
 from scripts.bench.agents import server as stock_server
 from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
 from tests.test_server import REAL_TIMEOUT_S, TIMEOUT_S, client, serving, wait_until_idle
 from tests.tiny_models import fim_fields
 
+EDITOR_SESSIONS = Path(__file__).parent / "data" / "editor-sessions"
 N_CTX = 2048  # llama-server gives the chunks what a batch (1024) leaves of the context
 PREFIX = "def hello(x):\n    return x\n\n"
 MIDDLE = "def wor"
@@ -61,8 +63,8 @@ def fim_pair(make_tiny_model) -> tuple[Path, Path]:
 
 
 def open_worker(target: Path, draft: Path | None, *, method: str = "auto",
-                prompt_cache: PromptCache | None = None) -> GenerationWorker:
-    decoder = open_decoder(Pair(target, draft, target.name), ModelOptions(n_ctx=N_CTX, threads=1), method=method)
+                prompt_cache: PromptCache | None = None, n_ctx: int = N_CTX) -> GenerationWorker:
+    decoder = open_decoder(Pair(target, draft, target.name), ModelOptions(n_ctx=n_ctx, threads=1), method=method)
     return GenerationWorker(decoder, SamplingParams(temperature=0.0), prompt_cache=prompt_cache)
 
 
@@ -280,6 +282,39 @@ def test_a_hang_up_frees_the_server_at_once_and_dead_requests_never_hold_up_the_
         after_s = time.monotonic() - started
     assert after["content"] == first["content"]
     assert after_s < 1.5 * first_s + 0.25, (after_s, first_s)
+
+
+@pytest.mark.parametrize("client", ["llama-vim", "llama-vscode"])
+def test_a_recorded_editing_session_gets_what_the_plugin_asks_for_prefilling_only_what_changed(make_tiny_model,
+                                                                                               client):
+    """The real plugin's requests (llama.vim recorded headless; llama.vscode's shapes from its source), in order:
+    warm-ups, completions, the ones it abandoned hung up on again."""
+    n_ctx = 16384
+    target = make_tiny_model("fim-long", seed=0, logit_scale=8.0, n_ctx=n_ctx, **fim_fields())
+    requests = agents.read_session(EDITOR_SESSIONS / f"{client}.jsonl")
+    news = agents.new_tokens(agents.prompt_tokens(requests, target, n_ctx))
+    worker = open_worker(target, None, n_ctx=n_ctx, prompt_cache=PromptCache(None, ram_bytes=2**28, disk_bytes=0))
+    checked = 0
+    with serving(worker) as server:
+        for request, new in zip(requests, news):
+            if request.cancelled:
+                hang_up_after(server, request.body, 0.02)
+                continue
+            answer = infill(server, request.body)
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            answers = body if isinstance(body, list) else [body]
+            assert len(answers) == request.body.get("n_cmpl", 1)
+            for one in answers:
+                if "response_fields" in request.body:  # llama.vim's warm-up asks for [""]: nothing
+                    assert list(one) == [f for f in request.body["response_fields"] if f]
+                else:
+                    assert {"content", "timings", "tokens_cached", "truncated"} <= one.keys()
+            timings = answers[0].get("timings") or {"prompt_n": answers[0].get("timings/prompt_n")}
+            prefilled = timings["prompt_n"] if timings["prompt_n"] is not None else worker.decoder.stats.prefill_tokens
+            assert prefilled <= new + agents.PREFILL_SLACK, (prefilled, new)
+            checked += request.body.get("n_predict", -1) != 0
+    assert checked >= 10  # completions, not only warm-ups
 
 
 class Clock:

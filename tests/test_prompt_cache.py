@@ -420,13 +420,13 @@ def test_bench_agents_replay_prefills_only_what_no_earlier_request_shares(tiny_t
     session.write_text("".join(f"{json.dumps(line)}\n" for line in lines))
     requests = bench.read_session(session)
     assert [r.path for r in requests][2] == "/v1/messages?beta=true" and len(requests) == 5
-    prompts = bench.prompt_tokens(requests, tiny_target)
+    prompts = bench.prompt_tokens(requests, tiny_target, 4096)
     news = bench.new_tokens(prompts)
     assert news[0] == len(prompts[0]) and news[3] < len(prompts[3]) - len(prompts[1]) + 10
 
     cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=BIG, disk_bytes=BIG)
     with serving(open_worker(tiny_target, tiny_draft, cache=cache)) as server:
-        options = argparse.Namespace(temperature=0.0, max_tokens=12)
+        options = argparse.Namespace(temperature=0.0, max_tokens=12, lift_budgets=False)
         answers = bench.replay(server.base_url.removesuffix("/v1"), requests, options)
     for prompt, new, answer in zip(prompts, news, answers):
         assert answer.status == 200 and answer.first_token_s is not None
@@ -447,7 +447,7 @@ def test_bench_agents_counts_what_llama_server_prefilled_where_its_stream_carrie
                 bench.Request("/v1/responses", {"stream": True, "instructions": agent, "input": TEXTS[2],
                                                 "max_output_tokens": 6})]
     args = argparse.Namespace(llama_server=str(stock_bin / "llama-server"), target_path=tiny_target, threads=1,
-                              ctx=1024, llama_server_args=[], temperature=0.0, max_tokens=None)
+                              ctx=1024, llama_server_args=[], temperature=0.0, max_tokens=None, lift_budgets=False)
     answers = bench.run_engine("llama-server", tmp_path / "session.jsonl", requests, args, tmp_path).answers
     assert [a.status for a in answers] == [200, 200, 200]
     cold, turn, side = answers

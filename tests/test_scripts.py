@@ -6,6 +6,7 @@ interface of the decoder, as the real model does."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import shutil
@@ -19,9 +20,13 @@ from localspec.engine.decoding.target import Target
 from localspec.engine.llama.model import Model
 from localspec.gguf.header import read_header
 from scripts.bench import builds, engine, heads, lookup_index, moe, rollback, server, suffix_index, tui
+from scripts.bench.agents import free_port
 from scripts.models import hybrid
+from scripts.record import llama_vim, llama_vscode
 from scripts.replay import lookup, suffix
 from scripts.replay.recording import Clock, ReplayTarget
+from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
+from tests.tiny_models import fim_fields
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts whose runs are tested beside the code they measure.
@@ -187,3 +192,26 @@ def test_models_hybrid_writes_a_quantized_qwen35(tmp_path, capsys):
     hybrid.main([str(path), "--layers", "4", "--embd", "64", "--vocab", "600", "--type", "Q8_0"])
     assert capsys.readouterr().out.strip() == str(path)
     assert read_header(path)["general.architecture"] == "qwen35"
+
+
+# -- scripts.record --------------------------------------------------------------------------------------------------
+@pytest.mark.stock
+@pytest.mark.skipif(any(shutil.which(tool) is None for tool in ("vim", "tmux", "curl")),
+                    reason="llama.vim runs in vim, in a tmux terminal, and sends with curl")
+@pytest.mark.skipif("LLAMA_VIM_GIT" not in os.environ,
+                    reason="the plugin comes from GitHub, which CI cannot reach: set LLAMA_VIM_GIT to a clone")
+def test_record_llama_vim_records_keystrokes_against_stock(make_tiny_model, stock_bin, tmp_path, capsys):  # noqa: F811
+    model = make_tiny_model("fim-target", seed=0, logit_scale=8.0, **fim_fields())
+    out = tmp_path / "llama-vim.jsonl"
+    llama_vim.main(["--quick", "--out", str(out), "--model", str(model), "--llama-server",
+                    str(stock_bin / "llama-server"), "--port", str(free_port()), "--plugin", os.environ["LLAMA_VIM_GIT"]])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines and all(line["client"].startswith("llama.vim ") for line in lines)
+    assert {line["body"]["n_predict"] for line in lines if "body" in line} == {0, 128}  # warm-ups and completions
+    assert "/infill requests" in capsys.readouterr().out
+
+
+def test_record_llama_vscode_derives_the_committed_session_from_the_llama_vim_one(tmp_path):
+    out = tmp_path / "llama-vscode.jsonl"
+    llama_vscode.main(["--out", str(out)])
+    assert out.read_text() == (REPO / "tests" / "data" / "editor-sessions" / "llama-vscode.jsonl").read_text()

@@ -39,18 +39,25 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/infill")
 # Answer-length fields per API, for --max-tokens.
 MAX_TOKEN_FIELDS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
-                    "/v1/messages": ("max_tokens",), "/v1/responses": ("max_output_tokens",)}
+                    "/v1/messages": ("max_tokens",), "/v1/responses": ("max_output_tokens",), "/infill": ("n_predict",)}
 PARSERS = {"/v1/chat/completions": "parse_chat_request", "/v1/completions": "parse_completion_request",
-           "/v1/messages": "parse_messages_request", "/v1/responses": "parse_responses_request"}
+           "/v1/messages": "parse_messages_request", "/v1/responses": "parse_responses_request",
+           "/infill": "parse_infill_request"}
 PREFILL_SLACK = 64  # issue 29: a request may prefill this much more than what no earlier request shares
 RESTART_SHARE = 0.10  # ... and a restarted server's first request takes at most this share of its cold prefill
+# Issue 46, editor sessions: with the plugins' time budgets, at least this many times stock's suggested tokens
+# (median per request), never fewer lines; with the budgets lifted, the whole suggestion in at most this share
+# of stock's time (median per request).
+SUGGESTED_TOKENS_RATIO = 1.4
+SUGGESTION_TIME_SHARE = 0.7
 START_TIMEOUT_S = 600
 REQUEST_TIMEOUT_S = 3600
 CONNECTION_RETRIES = 2  # what the OpenAI and Anthropic SDKs retry a connection error by default
@@ -60,6 +67,7 @@ CONNECTION_RETRIES = 2  # what the OpenAI and Anthropic SDKs retry a connection 
 class Request:
     path: str
     body: dict
+    cancelled: bool = False  # the client hung up before the answer was complete (an editor dropping it, quitting)
 
 
 @dataclass
@@ -73,6 +81,12 @@ class Answer:
     predicted_n: int | None = None
     predicted_per_second: float | None = None
     error: str | None = None
+    content: str | None = None  # a whole (not streamed) answer's text, where the API has one (/infill)
+
+    @property
+    def lines(self) -> int | None:
+        """The suggestion's lines as an editor shows them (a last newline starts no line)."""
+        return None if self.content is None else len(self.content.rstrip("\n").split("\n")) if self.content.strip() else 0
 
 
 @dataclass
@@ -86,23 +100,31 @@ class Replay:
 
 def read_session(path: Path) -> list[Request]:
     requests = []
+    by_line: dict[int, Request] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         record = json.loads(line)
+        if "cancelled_request" in record:  # record's mark: the request on that line was hung up on
+            if record["cancelled_request"] in by_line:
+                by_line[record["cancelled_request"]].cancelled = True
+            continue
         route = record.get("path", "").split("?")[0]
         if record.get("method", "POST") != "POST" or route not in GENERATION_PATHS:
             continue
         if not isinstance(record.get("body"), dict):
             raise SystemExit(f"{path}:{number}: no JSON body to replay")
-        requests.append(Request(record["path"], record["body"]))
+        request = by_line[number] = Request(record["path"], record["body"])
+        requests.append(request)
     if not requests:
         raise SystemExit(f"{path}: no generation requests ({', '.join(GENERATION_PATHS)}) to replay")
     return requests
 
 
-def as_sent(request: Request, *, temperature: float | None, max_tokens: int | None) -> dict:
+def as_sent(request: Request, *, temperature: float | None, max_tokens: int | None, lift_budgets: bool = False) -> dict:
     body = dict(request.body)
+    if lift_budgets and "t_max_predict_ms" in body:
+        body["t_max_predict_ms"] = 0  # an editor's time budget off: the whole suggestion
     if temperature is not None:
         body["temperature"] = temperature
     if max_tokens is not None:
@@ -114,14 +136,15 @@ def as_sent(request: Request, *, temperature: float | None, max_tokens: int | No
 
 
 # -- what each prompt shares with the earlier ones ------------------------------------------------
-def prompt_tokens(requests: list[Request], target: Path) -> list[list[int] | None]:
-    """Each request's prompt as localspec renders it (None where localspec refuses the request)."""
+def prompt_tokens(requests: list[Request], target: Path, n_ctx: int) -> list[list[int] | None]:
+    """Each request's prompt as localspec renders it in a context of ``n_ctx`` (an editor's chunks get what it
+    leaves); None where localspec refuses the request."""
     from localspec.engine.decoding.decoder import SpeculativeDecoder
     from localspec.engine.decoding.sampling import SamplingParams
     from localspec.engine.llama.model import Model
     from localspec.server.worker import GenerationWorker
 
-    worker = GenerationWorker(SpeculativeDecoder(Model(target, vocab_only=True)), SamplingParams())
+    worker = GenerationWorker(SpeculativeDecoder(Model(target, vocab_only=True, n_ctx=n_ctx)), SamplingParams())
     prompts = []
     for request in requests:
         try:
@@ -254,7 +277,9 @@ def send(client: httpx.Client, base: str, request: Request, body: dict, started:
                 parsed = json.loads(data) if data else {}
                 if response.status_code != 200:
                     return Answer(response.status_code, elapsed, None, error=data.decode(errors="replace")[:200])
-                return with_timings(Answer(200, elapsed, elapsed), last_timings(parsed))
+                first_answer = parsed[0] if isinstance(parsed, list) and parsed else parsed  # n_cmpl: a list
+                content = first_answer.get("content") if isinstance(first_answer, dict) else None
+                return with_timings(Answer(200, elapsed, elapsed, content=content), last_timings(first_answer))
             if response.status_code != 200:
                 text = response.read().decode(errors="replace")[:200]
                 return Answer(response.status_code, time.perf_counter() - started, None, error=text)
@@ -320,7 +345,8 @@ def replay(base: str, requests: list[Request], args) -> list[Answer]:
     for i, request in enumerate(requests):
         before = counters(base)
         answer, retries = send_as_clients_do(base, request, as_sent(request, temperature=args.temperature,
-                                                                    max_tokens=args.max_tokens))
+                                                                    max_tokens=args.max_tokens,
+                                                                    lift_budgets=args.lift_budgets))
         answers.append(with_counted_timings(answer, before, counters(base) if before else {}))
         print(f"  request {i + 1}/{len(requests)} {request.path}: {answer.seconds:.1f} s, "
               f"prefilled {answer.prompt_n}, reused {answer.cache_n}"
@@ -355,12 +381,13 @@ def fmt(value, spec: str = "d") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def report(session: str, requests: list[Request], prompts, news, replays: dict[str, Replay]) -> dict:
+def report(session: str, requests: list[Request], prompts, news, replays: dict[str, Replay], *,
+           lifted: bool = False) -> dict:
     engines = list(replays)
     print(f"\n== {session}: {len(requests)} requests")
     head = f"{'#':>3} {'api':<22} {'prompt':>7} {'new':>6}"
     for engine in engines:
-        head += f" | {engine[:12]:>12}: {'prefill':>7} {'ttft s':>7} {'total s':>8} {'tok/s':>6}"
+        head += f" | {engine[:12]:>12}: {'prefill':>7} {'ttft s':>7} {'total s':>8} {'tok/s':>6} {'out':>4} {'lines':>5}"
     print(head)
     checks = []
     for i, request in enumerate(requests):
@@ -369,7 +396,7 @@ def report(session: str, requests: list[Request], prompts, news, replays: dict[s
         for engine in engines:
             a = replays[engine].answers[i]
             line += (f" | {'':>12}  {fmt(a.prompt_n):>7} {fmt(a.first_token_s, '.2f'):>7} {a.seconds:>8.2f} "
-                     f"{fmt(a.predicted_per_second, '.1f'):>6}")
+                     f"{fmt(a.predicted_per_second, '.1f'):>6} {fmt(a.predicted_n):>4} {fmt(a.lines):>5}")
             if a.error:
                 line += f" HTTP {a.status}"
         print(line)
@@ -388,6 +415,10 @@ def report(session: str, requests: list[Request], prompts, news, replays: dict[s
         else:
             verdicts["session faster than llama-server"] = (replays["localspec"].seconds
                                                             < replays["llama-server"].seconds)
+    suggestions = [i for i, r in enumerate(requests) if r.path.split("?")[0] == "/infill" and not r.cancelled
+                   and r.body.get("n_predict", -1) != 0]
+    if suggestions and {"localspec", "llama-server"} <= set(replays):
+        verdicts.update(editor_verdicts(suggestions, replays["localspec"], replays["llama-server"], lifted=lifted))
     ours = replays.get("localspec")
     if ours and ours.restarted is not None:
         cold_s = (ours.answers[0].prompt_ms or 0.0) / 1000.0
@@ -403,6 +434,26 @@ def report(session: str, requests: list[Request], prompts, news, replays: dict[s
             "engines": {e: asdict(r) for e, r in replays.items()}, "verdicts": verdicts}
 
 
+def editor_verdicts(indices: list[int], ours: Replay, stock: Replay, *, lifted: bool) -> dict[str, bool]:
+    """Issue 46's checks over an editor session's completions (warm-ups and abandoned requests aside)."""
+    pairs = [(ours.answers[i], stock.answers[i]) for i in indices]
+    if any(a.error or b.error for a, b in pairs):
+        print("editor checks not comparable: a completion failed")
+        return {"editor session answered": False}
+    tokens = [median(a.predicted_n or 0 for a, _ in pairs), median(b.predicted_n or 0 for _, b in pairs)]
+    time_ratios = [a.seconds / b.seconds for a, b in pairs if b.seconds > 0]
+    fewer_lines = [i + 1 for i, (a, b) in zip(indices, pairs) if (a.lines or 0) < (b.lines or 0)]
+    print(f"suggestions ({len(pairs)}): median tokens {tokens[0]:g} vs llama-server {tokens[1]:g}; median time "
+          f"{median(a.seconds for a, _ in pairs):.2f} s vs {median(b.seconds for _, b in pairs):.2f} s "
+          f"(per request, median ratio {median(time_ratios):.2f}); fewer lines on requests {fewer_lines or 'none'}")
+    if lifted:
+        return {f"whole suggestion in <= {SUGGESTION_TIME_SHARE}x llama-server's time (median)":
+                median(time_ratios) <= SUGGESTION_TIME_SHARE}
+    return {f"suggested tokens >= {SUGGESTED_TOKENS_RATIO}x llama-server's (median)":
+            tokens[0] >= SUGGESTED_TOKENS_RATIO * tokens[1],
+            "never fewer lines than llama-server": not fewer_lines}
+
+
 def replay_command(args) -> None:
     from localspec.session import resolve_pair
 
@@ -416,10 +467,10 @@ def replay_command(args) -> None:
     try:
         for session in args.sessions:
             requests = read_session(session)
-            prompts = prompt_tokens(requests, pair.target)
+            prompts = prompt_tokens(requests, pair.target, args.ctx)
             news = new_tokens(prompts)
             replays = {engine: run_engine(engine, session, requests, args, work) for engine in engines}
-            results.append(report(session.name, requests, prompts, news, replays))
+            results.append(report(session.name, requests, prompts, news, replays, lifted=args.lift_budgets))
     finally:
         if args.keep_logs:
             print(f"logs kept in {work}", file=sys.stderr)
@@ -443,17 +494,39 @@ def find_llama_server() -> str:
 
 # -- recording -----------------------------------------------------------------------------------------
 def record_command(args) -> None:
-    """A proxy that appends each request (path and JSON body) to --out and streams the upstream's answer back."""
+    """A proxy that appends each request (path and JSON body) to --out and streams the upstream's answer back.
+
+    A client that hangs up before its answer is complete (an editor dropping a stale completion, or quitting)
+    is passed on: the proxy drops its upstream request too, so the server cancels as it would for the client,
+    and a line ``{"cancelled_request": N, "time": T}`` names the request's line number in --out.
+    """
+    import asyncio
+
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request as HTTPRequest
-    from starlette.responses import StreamingResponse
+    from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
-    out = Path(args.out).open("a")
+    out_path = Path(args.out)
+    lines = len(out_path.read_text().splitlines()) if out_path.exists() else 0
+    out = out_path.open("a")
     lock = threading.Lock()
     upstream = httpx.AsyncClient(base_url=args.upstream, timeout=REQUEST_TIMEOUT_S)
     hop = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
+
+    def write(record: dict) -> int:
+        """Appends a line; its number in --out (from 1, as read_session counts)."""
+        nonlocal lines
+        with lock:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            lines += 1
+            return lines
+
+    async def hung_up(request: HTTPRequest) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
     async def forward(request: HTTPRequest):
         raw = await request.body()
@@ -462,19 +535,30 @@ def record_command(args) -> None:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", "replace")
-        with lock:
-            out.write(json.dumps({"method": request.method, "path": path, "time": time.time(), "body": body}) + "\n")
-            out.flush()
+        line = write({"method": request.method, "path": path, "time": time.time(), "body": body})
         headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
         sent = upstream.build_request(request.method, path, content=raw, headers=headers)
-        answer = await upstream.send(sent, stream=True)
+        # A non-streamed answer comes whole after the generation: the client may leave while it is awaited.
+        sending = asyncio.ensure_future(upstream.send(sent, stream=True))
+        leaving = asyncio.ensure_future(hung_up(request))
+        await asyncio.wait({sending, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        leaving.cancel()
+        if not sending.done():
+            sending.cancel()  # closes the upstream connection: the server cancels the request
+            write({"cancelled_request": line, "time": time.time()})
+            return Response(status_code=499)  # nobody reads it
+        answer = sending.result()
 
         async def relay():
+            complete = False
             try:
                 async for chunk in answer.aiter_raw():
                     yield chunk
+                complete = True
             finally:  # also when the agent goes away: the server then cancels the request too
                 await answer.aclose()
+                if not complete:
+                    write({"cancelled_request": line, "time": time.time()})
 
         return StreamingResponse(relay(), status_code=answer.status_code,
                                  headers={k: v for k, v in answer.headers.items() if k.lower() not in hop})
@@ -498,6 +582,8 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--engines", default="localspec,llama-server")
     run.add_argument("--temperature", type=float, help="override every request's temperature (0: greedy)")
     run.add_argument("--max-tokens", type=int, help="override every request's answer limit (smoke runs)")
+    run.add_argument("--lift-budgets", action="store_true",
+                     help="send editors' completions without their time budget (t_max_predict_ms 0)")
     run.add_argument("--localspec-args", type=lambda s: s.split(), default=[],
                      help="more options for localspec serve, one quoted string")
     run.add_argument("--llama-server-args", type=lambda s: s.split(), default=[],

@@ -10,13 +10,14 @@ leave out Python overhead and machine noise: they rank changes, `localspec bench
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from localspec.bench.runner import BASELINE, DEFAULT_WARMUP_TOKENS, BenchRunner, BenchSettings
-from localspec.bench.workloads import select, shipped_prompts
+from localspec.bench.workloads import for_target, select, shipped_prompts
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.llama.kernels import EXACT
 from localspec.engine.llama.memory import MemoryPlan
@@ -54,7 +55,11 @@ def record(
         costs, _ = pass_costs(decoder.target, sizes=COST_SIZES)
     runner = BenchRunner(decoder, BenchSettings([BASELINE], max_tokens=max_tokens))
     answers = []
-    for prompt in select(shipped_prompts(), workloads, per_workload=per_slice):
+    prompts, note = for_target(select(shipped_prompts(), workloads, per_workload=per_slice), decoder.target,
+                               named=workloads is not None)
+    if note:
+        print(note, file=sys.stderr)
+    for prompt in prompts:
         item = runner.prepare(prompt)
         decoder.target.reset()
         steps = decoder.generate(item.tokens, max_tokens=max_tokens)
