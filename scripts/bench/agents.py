@@ -60,6 +60,8 @@ SUGGESTED_TOKENS_RATIO = 1.4
 SUGGESTION_TIME_SHARE = 0.7
 START_TIMEOUT_S = 600
 REQUEST_TIMEOUT_S = 3600
+HANG_UP_S = 0.5  # how long a replayed client waits before abandoning a request it abandoned when recorded
+HUNG_UP = 499  # the status an abandoned request is reported with (nginx's "client closed request")
 CONNECTION_RETRIES = 2  # what the OpenAI and Anthropic SDKs retry a connection error by default
 
 
@@ -123,10 +125,15 @@ def read_session(path: Path) -> list[Request]:
 
 def as_sent(request: Request, *, temperature: float | None, max_tokens: int | None, lift_budgets: bool = False) -> dict:
     body = dict(request.body)
+    # The answer's shape only (llama.vim asks for a few flattened fields, none at all for a warm-up): the whole
+    # answer carries the timings every engine is measured by.
+    body.pop("response_fields", None)
     if lift_budgets and "t_max_predict_ms" in body:
         body["t_max_predict_ms"] = 0  # an editor's time budget off: the whole suggestion
     if temperature is not None:
         body["temperature"] = temperature
+        if "temperature" not in body.get("samplers", ["temperature"]):  # a chain without it ignores the field
+            body["samplers"] = ["temperature", *body["samplers"]]
     if max_tokens is not None:
         route = request.path.split("?")[0]
         for name in MAX_TOKEN_FIELDS[route]:
@@ -340,9 +347,24 @@ def send_as_clients_do(base: str, request: Request, body: dict) -> tuple[Answer,
     return Answer(0, time.perf_counter() - started, None, error=error), retries
 
 
+def hang_up(base: str, request: Request, body: dict) -> Answer:
+    """Send a request the client abandoned, and abandon it the same way: close the connection mid-answer."""
+    started = time.perf_counter()
+    try:
+        httpx.post(base + request.path, json=body, timeout=HANG_UP_S)
+    except httpx.TimeoutException:
+        pass
+    return Answer(HUNG_UP, time.perf_counter() - started, None)
+
+
 def replay(base: str, requests: list[Request], args) -> list[Answer]:
     answers = []
     for i, request in enumerate(requests):
+        if request.cancelled:
+            answers.append(hang_up(base, request, as_sent(request, temperature=args.temperature,
+                                                          max_tokens=args.max_tokens)))
+            print(f"  request {i + 1}/{len(requests)} {request.path}: hung up on, as recorded", file=sys.stderr)
+            continue
         before = counters(base)
         answer, retries = send_as_clients_do(base, request, as_sent(request, temperature=args.temperature,
                                                                     max_tokens=args.max_tokens,
@@ -399,6 +421,8 @@ def report(session: str, requests: list[Request], prompts, news, replays: dict[s
                      f"{fmt(a.predicted_per_second, '.1f'):>6} {fmt(a.predicted_n):>4} {fmt(a.lines):>5}")
             if a.error:
                 line += f" HTTP {a.status}"
+            elif a.status == HUNG_UP:
+                line += " hung up"
         print(line)
         ours = replays.get("localspec")
         if ours and news[i] is not None and ours.answers[i].prompt_n is not None:
