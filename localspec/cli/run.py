@@ -61,7 +61,7 @@ def run_command(
             "text": "".join(pieces),
             "model": pair.label,
             "method": decoder.controller.method,
-            "sampling": sampling.__dict__,
+            "sampling": {name: value for name, value in vars(sampling).items() if name != "infill"},  # /infill's
             "stats": stats.to_dict(),
         }
         print(json.dumps(result))
