@@ -8,9 +8,9 @@ is llama-server's JSON (``content``, ``tokens_cached``, ``truncated``, ``timings
 
 Sampling follows llama-server's ``samplers`` chain where localspec's sampling is that same chain (top-k,
 top-p, min-p, then ``infill`` as the plugins send it, then temperature); what it is not (penalties, DRY, a
-temperature before ``infill``...) is refused, never replaced by another distribution. Fields that only steer llama-server's slots and cache (``id_slot``,
-``cache_prompt``, ``t_max_prompt_ms``, which llama-server does not implement either) are read and ignored.
-``n_cmpl`` completions are answered one after the other, each drafted from the ones before it where they
+temperature before ``infill``...) is refused, never replaced by another distribution. Fields that only steer
+llama-server's slots and cache (``id_slot``, ``cache_prompt``, ``t_max_prompt_ms``, which llama-server does
+not implement either) are read and ignored. ``n_cmpl`` completions are answered one after the other, each drafted from the ones before it where they
 agree (the answer history), so a sure completion costs one verification pass per copy.
 """
 
@@ -30,7 +30,8 @@ _ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 _LETTERS = dict(zip("dkpsymtxiea", SAMPLERS))
 # n_cmpl's limit: llama-server's default number of slots.
 MAX_COMPLETIONS = 4
-# localspec's sampling: these filters on the untempered distribution, then the temperature (sampling.py).
+# localspec's sampling: these filters on the untempered distribution, then the temperature (sampling.py;
+# the infill rule, where asked for, goes between them).
 CHAIN = ("top_k", "top_p", "min_p", "temperature")
 # Fields that change the answer and what leaves it unchanged: anything else is refused.
 _NEUTRAL = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "typical_p": 1.0,

@@ -88,7 +88,9 @@ class Answer:
     @property
     def lines(self) -> int | None:
         """The suggestion's lines as an editor shows them (a last newline starts no line)."""
-        return None if self.content is None else len(self.content.rstrip("\n").split("\n")) if self.content.strip() else 0
+        if self.content is None:
+            return None
+        return len(self.content.rstrip("\n").split("\n")) if self.content.strip() else 0
 
 
 @dataclass
@@ -360,15 +362,14 @@ def hang_up(base: str, request: Request, body: dict) -> Answer:
 def replay(base: str, requests: list[Request], args) -> list[Answer]:
     answers = []
     for i, request in enumerate(requests):
+        body = as_sent(request, temperature=args.temperature, max_tokens=args.max_tokens,
+                       lift_budgets=args.lift_budgets)
         if request.cancelled:
-            answers.append(hang_up(base, request, as_sent(request, temperature=args.temperature,
-                                                          max_tokens=args.max_tokens)))
+            answers.append(hang_up(base, request, body))
             print(f"  request {i + 1}/{len(requests)} {request.path}: hung up on, as recorded", file=sys.stderr)
             continue
         before = counters(base)
-        answer, retries = send_as_clients_do(base, request, as_sent(request, temperature=args.temperature,
-                                                                    max_tokens=args.max_tokens,
-                                                                    lift_budgets=args.lift_budgets))
+        answer, retries = send_as_clients_do(base, request, body)
         answers.append(with_counted_timings(answer, before, counters(base) if before else {}))
         print(f"  request {i + 1}/{len(requests)} {request.path}: {answer.seconds:.1f} s, "
               f"prefilled {answer.prompt_n}, reused {answer.cache_n}"
