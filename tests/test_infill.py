@@ -367,6 +367,15 @@ def editor_requests() -> list[dict]:
     return requests
 
 
+def recorded_requests() -> list[dict]:
+    """Two of llama.vim's own recorded completions, the ones with the most text around the cursor and in chunks,
+    asked for their prompt only (and for the whole answer, which says how many tokens the prompt had)."""
+    completions = [r.body for r in agents.read_session(EDITOR_SESSIONS / "llama-vim.jsonl")
+                   if r.body.get("n_predict") != 0]
+    biggest = sorted(completions, key=lambda b: len(json.dumps(b)))[-2:]
+    return [{**{k: v for k, v in body.items() if k != "response_fields"}, "n_predict": 0} for body in biggest]
+
+
 def saved_slot_tokens(path: Path) -> list[int]:
     """The tokens llama-server evaluated for a slot, from its saved state."""
     data = path.read_bytes()
@@ -388,7 +397,7 @@ def test_prompts_equal_stock_llama_servers_on_the_real_target(qwen_pair, stock_b
                "-ub", str(STOCK_BATCH), "-n", str(STOCK_PREDICT), "-np", "1", "-t", "2", "--no-warmup",
                "--host", "127.0.0.1", "--port", str(port), "--slot-save-path", str(tmp_path)]
     with stock_server(command, port, dict(os.environ), tmp_path / "llama-server.log") as base:
-        for i, body in enumerate(editor_requests()):
+        for i, body in enumerate(editor_requests() + recorded_requests()):
             answer = httpx.post(f"{base}/infill", json=body, timeout=REAL_TIMEOUT_S)
             assert answer.status_code == 200, answer.text
             saved = httpx.post(f"{base}/slots/0?action=save", json={"filename": f"{i}.bin"}, timeout=TIMEOUT_S)
