@@ -27,8 +27,9 @@ def llama_cpp_distribution(vocab: Model, logits: np.ndarray, top_k: int, top_p: 
     llama_cpp.llama_sampler_free(chain)
     ids = np.array([data[i].id for i in range(candidates.size)])
     kept = np.array([data[i].logit for i in range(candidates.size)], dtype=np.float64)
+    weights = np.exp(kept - kept.max())
     probs = np.zeros(n)
-    probs[ids] = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
+    probs[ids] = weights / weights.sum()
     return probs
 
 
