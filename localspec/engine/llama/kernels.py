@@ -13,7 +13,7 @@ import functools
 import os
 from collections.abc import Iterator
 
-from localspec.engine.llama.library import load_llama_cpp, loaded_cpu_library
+from localspec.engine.llama.library import gpu_devices, loaded_cpu_library
 from localspec.errors import LocalspecError
 
 EXACT = "exact"  # bit-identical: greedy output equals the target's, token for token
@@ -71,7 +71,7 @@ def choose_kernels(*, exact: bool | None, gpu_layers: int) -> str:
     """
     if exact is not None:
         return EXACT if exact else FAST
-    on_gpu = gpu_layers != 0 and bool(load_llama_cpp().llama_supports_gpu_offload())
+    on_gpu = gpu_layers != 0 and bool(gpu_devices())
     return EXACT if exact_kernels_built() and not on_gpu else FAST
 
 

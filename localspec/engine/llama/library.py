@@ -7,6 +7,7 @@ its internals.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import sys
@@ -76,7 +77,7 @@ def lib_dir() -> Path:
     return directory
 
 
-def _library_file(directory: Path, name: str) -> Path | None:
+def library_file(directory: Path, name: str) -> Path | None:
     """A shared library of llama.cpp's by its name without prefix and suffix ("ggml-cpu"), on any platform."""
     return next((directory / f for f in (f"lib{name}.so", f"lib{name}.dylib", f"{name}.dll") if (directory / f).exists()),
                 None)
@@ -92,22 +93,26 @@ def loaded_cpu_library() -> Path | None:
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and Path(fields[5]).name.startswith("libggml-cpu."):
                 return Path(fields[5])
-    return _library_file(directory, "ggml-cpu")
+    return library_file(directory, "ggml-cpu")
 
 
-_GGML_DEVICE_GPU = 1  # ggml-backend.h: enum ggml_backend_dev_type, GGML_BACKEND_DEVICE_TYPE_GPU
+# ggml-backend.h: enum ggml_backend_dev_type, GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU
+_GGML_DEVICE_GPUS = (1, 2)
 
 
-def gpu_devices() -> list[str]:
+@functools.cache
+def gpu_devices() -> tuple[str, ...]:
     """The GPUs llama.cpp's backends see, as "CUDA0: NVIDIA H100 80GB HBM3, 79.1 of 79.2 GiB free"; empty
-    for a CPU-only build (or one whose ggml does not export the device registry)."""
+    for a CPU-only build (or one whose ggml does not export the device registry). RPC servers are not in the
+    registry (localspec hands their devices to the model itself), so they never count as a GPU here, unlike in
+    llama_supports_gpu_offload(), which says yes to any build with the RPC backend."""
     directory = lib_dir()  # imports llama_cpp, which registers the backends
-    path = _library_file(directory, "ggml")
+    path = library_file(directory, "ggml")
     if path is None:
-        return []
+        return ()
     ggml = ctypes.CDLL(str(path))
     if not hasattr(ggml, "ggml_backend_dev_count"):
-        return []
+        return ()
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.argtypes, ggml.ggml_backend_dev_get.restype = [ctypes.c_size_t], ctypes.c_void_p
     ggml.ggml_backend_dev_type.argtypes, ggml.ggml_backend_dev_type.restype = [ctypes.c_void_p], ctypes.c_int
@@ -119,11 +124,11 @@ def gpu_devices() -> list[str]:
     devices = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(device) != _GGML_DEVICE_GPU:
+        if ggml.ggml_backend_dev_type(device) not in _GGML_DEVICE_GPUS:
             continue
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
         name = ggml.ggml_backend_dev_name(device).decode(errors="replace")
         description = ggml.ggml_backend_dev_description(device).decode(errors="replace")
         devices.append(f"{name}: {description}, {free.value / 2**30:.1f} of {total.value / 2**30:.1f} GiB free")
-    return devices
+    return tuple(devices)

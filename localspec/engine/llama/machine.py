@@ -80,7 +80,7 @@ def build_info() -> BuildInfo:
         version=llama_cpp_version(),
         module=llama_cpp.__file__,
         system_info=system_info,
-        gpu_offload=gpu_backends(directory, system_info) if llama_cpp.llama_supports_gpu_offload() else None,
+        gpu_offload=gpu_backends(directory, system_info) if gpu_devices() else None,
         kernels=choose_kernels(exact=None, gpu_layers=0),
         amx_backend=has_amx_backend(directory, system_info),
     )
