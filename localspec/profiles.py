@@ -17,6 +17,7 @@ from localspec import paths
 from localspec.engine.decoding.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from localspec.engine.drafters.registry import DEFAULT_METHOD, check_method
 from localspec.engine.llama.model import DEFAULT_N_CTX
+from localspec.engine.llama.rpc import RpcLayout, parse_layout
 from localspec.errors import ProfileError, UnsafePathError, UsageError
 
 if sys.version_info >= (3, 11):
@@ -69,6 +70,8 @@ class Defaults:
     min_p: float = DEFAULT_MIN_P
     threads: int | None = None  # None: machine.default_threads() (all cores up to 4, else half)
     history: bool = True  # draft from earlier answers kept on disk (suffix decoding), and keep this one's
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers ("HOST:PORT") the target's layers are spread over
+    tensor_split: tuple[float, ...] | None = None  # this machine's share, then each server's (None: equal)
 
 
 @dataclass(frozen=True)
@@ -220,8 +223,13 @@ class _Reader:
             "min_p": float(self.typed(data, "min_p", "defaults", (int, float), base.min_p)),
             "threads": self.typed(data, "threads", "defaults", int, base.threads),
             "history": self.typed(data, "history", "defaults", bool, base.history),
+            "rpc": tuple(self.typed(data, "rpc", "defaults", list, list(base.rpc))),
+            "tensor_split": self.typed(data, "tensor_split", "defaults", list, base.tensor_split),
         }
         self.check_ranges(values)
+        if values["rpc"] or values["tensor_split"] is not None:
+            layout = self.rpc_layout(values)
+            values["tensor_split"] = None if values["tensor_split"] is None else layout.split
         return Defaults(**values)
 
     def check_ranges(self, v: dict) -> None:
@@ -243,6 +251,17 @@ class _Reader:
         for key, ok, problem in rules:
             if not ok:
                 raise self.fail(f"defaults.{key}", problem)
+
+    def rpc_layout(self, v: dict) -> RpcLayout:
+        if not all(isinstance(s, str) for s in v["rpc"]):
+            raise self.fail("defaults.rpc", 'must be a list of "HOST:PORT" strings')
+        split = v["tensor_split"]
+        if split is not None and not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in split):
+            raise self.fail("defaults.tensor_split", "must be a list of numbers")
+        try:
+            return parse_layout(v["rpc"], None if split is None else ",".join(str(s) for s in split))
+        except UsageError as exc:
+            raise ProfileError(f"{self.path}: key 'defaults.rpc': {exc}") from exc
 
     def guard(self, key: str, check) -> None:
         try:

@@ -19,6 +19,7 @@ from localspec.engine.drafters.registry import uses
 from localspec.engine.llama.kernels import EXACT
 from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
 from localspec.engine.llama.model import DEFAULT_N_CTX, Model
+from localspec.engine.llama.rpc import RpcLayout
 from localspec.engine.llama.vocab import VocabOnlyTokenizer
 from localspec.engine.persist.history import HistoryStore, tokenizer_identity
 from localspec.engine.persist.pass_costs import PassCostMemory
@@ -42,6 +43,7 @@ class ModelOptions:
     draft_gpu_layers: int = -1
     exact: bool | None = None  # bit-exact verification: None where it costs nothing, True forces it
     rollback_snapshots: int = DEFAULT_ROLLBACK_SNAPSHOTS  # a hybrid target's per-pass state snapshots
+    rpc: RpcLayout | None = None  # the target's layers over this machine and llama.cpp RPC servers
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ def open_decoder(
         exact=options.exact,
         rollback_snapshots=options.rollback_snapshots,
         load_mtp=uses(method, MtpDrafter.source),  # the model's own head, if it has one
+        rpc=options.rpc,  # the draft model, heads and copies stay on this machine
     )
     # ggml's kernel switch is process-wide, so the draft runs whatever the target chose.
     draft_exact = target.kernels == EXACT
@@ -191,6 +194,8 @@ def open_decoder(
     decoder.controller.remember(_pass_cost_memory(target).load())
 
     def save_what_was_learnt() -> None:
+        if target.lost_server is not None:
+            return  # an answer cut short by a lost RPC server: its passes and partial answer are not kept
         remember_pass_costs([decoder])
         if answers is not None:
             answers.save()

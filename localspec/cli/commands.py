@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from localspec.cli import bench, chat, check, doctor, history, profiles, pull, run
+from localspec.cli import bench, chat, check, doctor, history, profiles, pull, rpc_server, run
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
     app.command("run")(run.run_command)
     app.command("chat")(chat.chat_command)
     app.command("bench")(bench.bench_command)
+    app.command("rpc-server")(rpc_server.rpc_server_command)
     from localspec.cli import serve
 
     app.command("serve")(serve.serve_command)

@@ -6,11 +6,14 @@ import platform
 import shutil
 from pathlib import Path
 
+from typing import Annotated, Optional
+
 import typer
 
 from localspec import __version__, paths
 from localspec.cli.console import err, format_size, out
-from localspec.engine.llama import kernels, machine
+from localspec.engine.llama import kernels, machine, rpc
+from localspec.engine.llama.rpc import parse_layout
 from localspec.errors import GGUFError
 from localspec.gguf.header import read_header
 from localspec.gguf.heads import model_heads
@@ -18,12 +21,16 @@ from localspec.gguf.memory import architecture, speculation_note
 from localspec.store import cache as store
 
 
-def doctor_command() -> None:
+def doctor_command(
+    rpc: Annotated[Optional[str], typer.Option("--rpc", help="Also check these RPC servers: HOST:PORT[,HOST:PORT].")] = None,
+) -> None:
     """Report versions, GPU offload, CPU features, AMX risk, the model cache and free disk; exit 1 if unusable."""
     out.prose(f"localspec {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})")
     cpu_flags = machine.cpu_features()
     out.prose(f"CPU features: {' '.join(cpu_flags) or 'unknown'}")
     usable = _report_llama(cpu_flags)
+    if usable and rpc is not None:
+        _report_rpc(parse_layout(rpc).servers)
     _report_cache()
     if not usable:
         raise typer.Exit(1)
@@ -67,6 +74,18 @@ def _report_llama(cpu_flags: list[str]) -> bool:
         markup=True,
     )
     return not crashes_here
+
+
+def _report_rpc(servers: tuple[str, ...]) -> None:
+    """The build servers must run, then each server's devices and memory (a refused server: its reason)."""
+    out.prose(f"RPC build: {rpc.local_build()}")
+    for server in servers:
+        try:
+            rpc.check_servers([server])
+            for line in rpc.device_descriptions([server]):
+                out.prose(f"  {line}")
+        except rpc.RpcServerError as exc:
+            err.prose(f"  [bold red]{exc}[/]", markup=True)
 
 
 def _report_cache() -> None:

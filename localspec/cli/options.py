@@ -23,6 +23,8 @@ from localspec.engine.decoding.sampling import SamplingParams
 from localspec.engine.drafters.draft_model import NO_DRAFT_MODEL, DraftModelDrafter
 from localspec.engine.drafters.registry import METHODS, check_method
 from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS
+from localspec.engine.llama.rpc import RpcLayout, parse_layout
+from localspec.errors import UsageError
 from localspec.profiles import DEFAULT_PROFILE, Defaults
 from localspec.session import ModelOptions, Pair, ensure_compatible, open_decoder, resolve_pair
 
@@ -55,6 +57,22 @@ SnapshotsOpt = Annotated[
         max=64,
         help="Hybrid and recurrent targets: per-token state snapshots per pass, so verifications of up to N drafts "
         "roll back in place; every pass then writes them (0: checkpoint and replay instead) [default: 0].",
+    ),
+]
+RpcOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rpc",
+        help="Spread the target's layers over this machine and llama.cpp RPC servers HOST:PORT[,HOST:PORT] "
+        "(started there with 'localspec rpc-server'); drafts stay here [default: profile's, else none].",
+    ),
+]
+TensorSplitOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tensor-split",
+        help="With --rpc: the target's layers in these proportions, this machine's first, then each server's "
+        "(e.g. 1,2,2) [default: equal].",
     ),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the checker finds the pair incompatible.")]
@@ -103,6 +121,8 @@ class GenerationOptions:
     gpu_layers: GpuLayersOpt = None
     draft_gpu_layers: DraftGpuLayersOpt = None
     snapshots: SnapshotsOpt = None
+    rpc: RpcOpt = None
+    tensor_split: TensorSplitOpt = None
     force: ForceOpt = False
     offline: OfflineOpt = False
     exact: ExactOpt = False
@@ -122,6 +142,7 @@ class GenerationOptions:
         # The heads are known once the target is open; a missing draft model is known now.
         check_method(method, missing={} if pair.draft else {DraftModelDrafter.source: NO_DRAFT_MODEL}, given_as="--method")
         options = ModelOptions(
+            rpc=self.rpc_layout(defaults),
             n_ctx=_pick(self.ctx, defaults.n_ctx),
             threads=_pick(self.threads, defaults.threads),
             gpu_layers=_pick(self.gpu_layers, defaults.gpu_layers),
@@ -140,6 +161,19 @@ class GenerationOptions:
             seed=self.seed,
         )
         return pair, decoder, sampling
+
+
+    def rpc_layout(self, defaults: Defaults) -> RpcLayout | None:
+        """The RPC layout given (each part from the command line, else the profile), or None for one machine."""
+        servers = self.rpc if self.rpc is not None else ",".join(defaults.rpc)
+        split = self.tensor_split
+        if split is None and defaults.tensor_split is not None:
+            split = ",".join(f"{s:g}" for s in defaults.tensor_split)
+        if not servers:
+            if self.tensor_split is not None:
+                raise UsageError("--tensor-split needs --rpc HOST:PORT[,HOST:PORT]")
+            return None
+        return parse_layout(servers, split)
 
 
 # Options bench sets per configuration (its --methods and --draft-len take lists).

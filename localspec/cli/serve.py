@@ -52,7 +52,10 @@ def serve_command(
     if cache_ram or cache_disk:
         cache = PromptCache(paths.prompt_cache_dir(), ram_bytes=cache_ram * MIB, disk_bytes=cache_disk * MIB)
         kept = len(cache.entries(decoder.target))  # reads the files' headers now, before the worker runs
-    worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue, prompt_cache=cache)
+    # Over RPC, a lost server's pair is loaded again once it is back (see GenerationWorker).
+    reopen = (lambda: generation.open()[1]) if decoder.target.rpc is not None else None
+    worker = GenerationWorker(decoder, sampling, max_tokens=max_tokens, max_queue=queue, prompt_cache=cache,
+                              reopen=reopen)
     app = make_app(worker, model_name=pair.label, api_key=api_key, cors_origin=cors)
 
     def ready(base_url: str) -> None:

@@ -76,6 +76,10 @@ def make_app(
                                 "with the key the server was started with", code="invalid_api_key")
 
     async def health(request: Request) -> Response:
+        if worker.missing_server is not None:  # answers again once that server is back (the next request reloads)
+            return JSONResponse({"status": "error", "busy": worker.busy, "queued": worker.queued,
+                                 "error": f"RPC server {worker.missing_server} is missing; restart it",
+                                 "missing_rpc_server": worker.missing_server}, status_code=503)
         return JSONResponse({"status": "ok", "busy": worker.busy, "queued": worker.queued})
 
     async def models(request: Request) -> Response:

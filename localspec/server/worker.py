@@ -22,6 +22,7 @@ from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import InfillRule, SamplingParams
 from localspec.engine.decoding.stats import GenerationStats
 from localspec.engine.llama.model import Model
+from localspec.engine.llama.rpc import RpcServerError, check_servers
 from localspec.errors import ContextFullError, GrammarError, LocalspecError, PromptTooLong, TemplateError, UsageError
 from localspec.fim import CompletionLimits, fim_prompt
 from localspec.gguf.memory import MemoryKind
@@ -115,13 +116,18 @@ class GenerationWorker:
         max_tokens: the answer limit for requests that set none (None: until the context is full).
         max_queue: jobs that may wait behind the running one; more are refused (HTTP 429).
         prompt_cache: states of earlier prompts to restore before a prefill (None: only the one KV cache).
+        reopen: loads the pair anew, after an RPC server the target is spread over was lost (None: no RPC).
     """
 
     def __init__(
         self, decoder: SpeculativeDecoder, sampling: SamplingParams, *, max_tokens: int | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE, prompt_cache: PromptCache | None = None,
+        reopen: Callable[[], SpeculativeDecoder] | None = None,
     ) -> None:
         self.decoder = decoder
+        self.reopen = reopen
+        # The RPC server lost mid-answer, until the pair is loaded again (/health names it).
+        self.missing_server: str | None = None
         self.prompt_cache = prompt_cache
         self.sampling = sampling
         self.max_tokens = max_tokens
@@ -216,9 +222,13 @@ class GenerationWorker:
                 continue
             self._current = job
             try:
+                self._reload_if_lost()
                 self._generate(job)
             except _Cancelled:
                 pass
+            except RpcServerError as exc:
+                self.missing_server = exc.server
+                job.emit(Failed(APIError(503, str(exc), type="server_error", code="rpc_server_lost")))
             except APIError as exc:
                 job.emit(Failed(exc))
             except GrammarError as exc:
@@ -237,8 +247,22 @@ class GenerationWorker:
                 job.emit(Failed(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
                                          type="server_error")))
             finally:
-                self._keep_all()  # after the answer is out
+                if self.missing_server is None:  # a lost server's model holds nothing worth keeping
+                    self._keep_all()  # after the answer is out
                 self._current = None
+
+    def _reload_if_lost(self) -> None:
+        """After a lost RPC server: once it answers again, free the broken pair and load it anew."""
+        if self.missing_server is None:
+            return
+        target = self.decoder.target
+        assert target.rpc is not None and self.reopen is not None  # only a target over RPC loses a server
+        check_servers(target.rpc.servers)  # raises, naming the server, while it is still away
+        self.decoder.close()
+        target.close()
+        self.decoder = self.reopen()
+        self.missing_server = None
+        log.info("RPC servers %s are back; the pair is loaded again", ", ".join(target.rpc.servers))
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """The prompt's length in tokens (tokenizing reads the vocabulary only: safe beside a generation)."""

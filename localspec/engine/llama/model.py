@@ -13,6 +13,7 @@ import contextlib
 import copy
 import ctypes
 import functools
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,8 +25,18 @@ from localspec.engine.llama.kernels import EXACT, choose_kernels, exact_kernels_
 from localspec.engine.llama.library import load_llama_cpp, loaded_cpu_library
 from localspec.engine.llama.machine import cpu_model, default_threads, llama_cpp_version
 from localspec.engine.llama.memory import DEFAULT_ROLLBACK_SNAPSHOTS, MemoryPlan
+from localspec.engine.llama.rpc import (
+    RpcLayout,
+    RpcServerError,
+    check_servers,
+    device_array,
+    forget_lost,
+    lost_servers,
+    server_devices,
+)
 from localspec.engine.tokens import common_prefix_length
 from localspec.errors import ContextFullError, LocalspecError
+from localspec.gguf.header import read_header
 from localspec.gguf.memory import MemoryKind
 
 DEFAULT_N_CTX = 4096
@@ -60,20 +71,24 @@ class Model:
         exact: bool | None = None,
         rollback_snapshots: int = DEFAULT_ROLLBACK_SNAPSHOTS,
         load_mtp: bool = False,
+        rpc: RpcLayout | None = None,
     ) -> None:
         """Load ``path``; with ``vocab_only`` just the tokenizer (no weights, no context: tokenize only).
 
         ``exact``: None picks bit-exact verification where it costs nothing, True forces it, False runs
         stock kernels (see ``choose_kernels``). ``rollback_snapshots``: recurrent-state snapshots to keep
         per pass where the architecture supports them (see DEFAULT_ROLLBACK_SNAPSHOTS). ``load_mtp``: load
-        the model's built-in MTP head too (llama.cpp skips its tensors otherwise), for ``MtpHead``.
+        the model's built-in MTP head too (llama.cpp skips its tensors otherwise), for ``MtpHead``. ``rpc``:
+        spread the layers over this machine and llama.cpp RPC servers (instead of any local GPU); the servers
+        run the same patched build, so exact kernels stay exact there.
         """
         llama_cpp = load_llama_cpp()
         from llama_cpp import _internals as internals
         started = time.perf_counter()
         self._lib = llama_cpp
         threads = n_threads or default_threads()
-        self.kernels = choose_kernels(exact=exact, gpu_layers=n_gpu_layers)
+        offloaded = rpc.offloaded_layers(_block_count(path)) if rpc is not None else 0
+        self.kernels = choose_kernels(exact=exact, gpu_layers=0 if rpc is not None else n_gpu_layers)
         if not vocab_only:
             use_kernels(self.kernels)
         # Without the patch, exactness means the one-row paths only: no repacked weights (their 4-row gemm
@@ -81,6 +96,17 @@ class Model:
         slow_exact = self.kernels == EXACT and not exact_kernels_built()
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if self.kernels == EXACT else n_gpu_layers
+        self.rpc = rpc
+        self.lost_server: str | None = None  # set once an RPC server is lost: this model never decodes again
+        if rpc is not None:
+            check_servers(rpc.servers)
+            forget_lost(rpc.servers)  # lost by models that are gone; this one connects anew
+            # Kept referenced: llama.cpp reads both arrays while loading.
+            self._rpc_devices = device_array(server_devices(rpc.servers))
+            self._rpc_split = (ctypes.c_float * llama_cpp.llama_max_devices())(*rpc.server_split())
+            model_params.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
+            model_params.tensor_split = self._rpc_split
+            model_params.n_gpu_layers = offloaded
         model_params.use_extra_bufts = not slow_exact
         model_params.vocab_only = vocab_only
         model_params.load_mtp = load_mtp and not vocab_only
@@ -102,6 +128,8 @@ class Model:
                 self._ctx = internals.LlamaContext(model=self._model, params=context_params, verbose=False)
                 self._batch = internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         except ValueError as exc:
+            if rpc is not None:
+                self._check_servers_alive()
             raise LocalspecError(f"llama.cpp could not load {path}: {exc}; run 'localspec check' on it") from exc
         self._internals = internals
         self._context_params = context_params
@@ -335,6 +363,8 @@ class Model:
         ``prefill`` says the tokens are a prompt, not a verification: the exact kernels then take their
         faster prefill paths at any batch size (a prompt is prefilled the same way on every decoding path).
         """
+        if self.lost_server is not None:
+            raise self._lost_error(self.lost_server)
         n = len(tokens)
         if n == 0 or not 0 <= n_logits <= min(n, self.n_batch):
             raise ValueError(f"eval of {n} tokens cannot return {n_logits} logits rows")
@@ -366,6 +396,11 @@ class Model:
         n_past = self.n_past
         fill_batch(batch, chunk, n_past, first_logit)
         code = self._lib.llama_decode(self._ctx.ctx, batch)
+        if self.rpc is not None:
+            # Over several devices llama.cpp pipelines the pass and returns before the servers answer; wait for
+            # them, so a server lost during this pass is known before its (zeroed) outputs are used.
+            self._lib.llama_synchronize(self._ctx.ctx)
+            self._check_servers_alive()
         if code == 0 and self.hidden is not None:
             self._keep_hidden(n_past, len(chunk))
         if code == 0 and self.features is not None:
@@ -381,6 +416,18 @@ class Model:
                 self.tokens.clear()
                 self._checkpoint = None
             raise LocalspecError(f"llama_decode failed with code {code} at position {n_past}")
+
+    def _check_servers_alive(self) -> None:
+        """Raise if an RPC server was lost during the last call: what it computed (zeroed answers) is not kept."""
+        lost = lost_servers(self.rpc.servers) if self.rpc is not None else []
+        if lost:
+            self.lost_server = lost[0]
+            self.tokens.clear()
+            raise self._lost_error(lost[0])
+
+    def _lost_error(self, server: str) -> RpcServerError:
+        return RpcServerError(server, f"RPC server {server} was lost (it stopped or gave no answer for "
+                              f"{_rpc_timeout_s():g} s); restart it and try again")
 
     def capture_hidden(self) -> None:
         """From now on keep every pass's last hidden state per position in ``hidden`` (what an MTP head
@@ -447,6 +494,8 @@ class Model:
                 f"{self.path.name} {stat.st_size} {stat.st_mtime_ns}",
                 f"threads {self.n_threads}",
                 f"gpu layers {self.n_gpu_layers}",
+                # A pass over RPC pays round trips too: a one-machine curve must never price it, nor the reverse.
+                *([self.rpc.identity()] if self.rpc is not None else []),
                 f"kernels {self.kernels}",
                 f"llama-cpp-python {llama_cpp_version()}",
                 cpu_model(),
@@ -520,6 +569,19 @@ def llama_cpp_ext():
     from llama_cpp import llama_cpp_ext as ext
 
     return ext
+
+
+def _block_count(path: str | Path) -> int:
+    """The target's layer count from its header (the RPC split is sized before llama.cpp loads it)."""
+    header = read_header(path, check_tensors=False)
+    count = header.get(f"{header.get('general.architecture')}.block_count")
+    if not isinstance(count, int) or count <= 0:
+        raise LocalspecError(f"{Path(path).name} does not say how many layers it has; it cannot be spread over RPC")
+    return count
+
+
+def _rpc_timeout_s() -> float:
+    return int(os.environ.get("GGML_RPC_TIMEOUT_MS", "0")) / 1000
 
 
 def _memory_kind(llama_cpp, model) -> MemoryKind:
