@@ -257,7 +257,8 @@ class GenerationWorker:
             return
         target = self.decoder.target
         assert target.rpc is not None and self.reopen is not None  # only a target over RPC loses a server
-        check_servers(target.rpc.servers)  # raises, naming the server, while it is still away
+        # Raises, naming it, while it is still away (the others are busy with the broken model's connections).
+        check_servers([self.missing_server])
         self.decoder.close()
         target.close()
         self.decoder = self.reopen()

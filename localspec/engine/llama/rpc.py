@@ -122,6 +122,9 @@ def server_build(server: str, *, timeout: float = CONNECT_TIMEOUT_S) -> tuple[st
                 build = _ask(sock, _LOCALSPEC_BUILD, b"").decode(errors="replace")
             except (ConnectionError, OSError):  # a stock server drops the connection on the unknown command
                 build = None
+    except TimeoutError:
+        raise RpcServerError(server, f"RPC server {server} did not answer within {timeout:g} s; it serves one "
+                             "client at a time: stop the other one using it, or restart it") from None
     except (ConnectionError, OSError) as exc:
         raise RpcServerError(server, f"cannot reach RPC server {server} ({exc}); start it there with "
                              f"'localspec rpc-server --host HOST --port {port}'") from None
