@@ -327,6 +327,9 @@ class StockSettings:
     configs: Sequence[Config]  # localspec's configurations
     runs: int
     max_tokens: int
+    # With the target over RPC: the servers the stock tools use, on the same machines as localspec's (each
+    # rpc-server serves one client at a time, and localspec's target holds its own) and in the same layout.
+    rpc_servers: tuple[str, ...] = ()
 
 
 class StockComparison:
@@ -485,7 +488,7 @@ class StockComparison:
                 *extra,
             ]
             # The same offload as localspec's models: stock's default ("auto") may place them otherwise.
-            command += ["-ngl", _gpu_layers(self.target.n_gpu_layers)]
+            command += ["-ngl", _gpu_layers(self.target.n_gpu_layers), *self._rpc_args()]
             if engine.uses_draft:
                 command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.draft_model.model.n_gpu_layers)]
             elif engine.uses_companion:  # the head sits beside the target's layers, where they are
@@ -509,10 +512,20 @@ class StockComparison:
     def _server_command(self, engine: Engine) -> list[str]:
         threads = str(self.target.n_threads)
         command = [str(self.tools[engine.tool]), "-m", str(self.target_path), "-c", str(self.target.n_ctx),
-                   "-t", threads, "-tb", threads, "-ngl", _gpu_layers(self.target.n_gpu_layers), *engine.args]
+                   "-t", threads, "-tb", threads, "-ngl", _gpu_layers(self.target.n_gpu_layers), *self._rpc_args(),
+                   *engine.args]
         if engine.uses_draft:
             command += ["-md", str(self.draft_path), "-ngld", _gpu_layers(self.draft_model.model.n_gpu_layers)]
         return command
+
+    def _rpc_args(self) -> list[str]:
+        """localspec's RPC layout as stock spells it: the target's top -ngl layers over --rpc, split the same way
+        (the draft model stays here, as localspec's does)."""
+        layout = self.target.rpc
+        if layout is None:
+            return []
+        return ["--rpc", ",".join(self.settings.rpc_servers),
+                "--tensor-split", ",".join(f"{s:g}" for s in layout.server_split())]
 
     def _without_end_of_generation(self, text: str) -> str:
         """Drop a final end-of-generation token (llama-completion and llama-lookup print it, localspec does not)."""

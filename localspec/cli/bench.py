@@ -6,8 +6,10 @@ table and a recommendation per workload on stdout, and writes the JSON, CSV, plo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,12 +29,14 @@ from localspec.bench.runner import (
     Config,
     ProgressCallback,
 )
+from localspec.bench.relay import LatencyRelay
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import for_target, load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
 from localspec.cli.bench_stock import compare_with_llama_cpp
 from localspec.cli.console import add_columns, err, out
 from localspec.engine.drafters.registry import HEAD_METHODS, METHODS, check_method, method_missing
+from localspec.engine.llama.rpc import parse_layout
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
 
@@ -96,10 +100,58 @@ def bench_command(
             f"[default methods: {QUICK_METHODS}].",
         ),
     ] = None,
+    stock_rpc: Annotated[
+        Optional[str],
+        typer.Option(
+            "--stock-rpc",
+            help="With --rpc and --vs-llama-cpp: other rpc-servers on the same machines, for the stock tools "
+            "(a server serves one client at a time, and localspec's target holds --rpc's).",
+        ),
+    ] = None,
+    rpc_latency_ms: Annotated[
+        Optional[float],
+        typer.Option(
+            "--rpc-latency-ms",
+            min=0.0,
+            help="With --rpc on 127.0.0.1: add this round-trip time in front of every server (a relay per server, "
+            "stock's too), to price a network on one machine.",
+        ),
+    ] = None,
     *,
     generation: o.GenerationOptions,
 ) -> None:
     """Measure target alone and speculative decoding per workload, check outputs match, recommend a method."""
+    with contextlib.ExitStack() as relays:
+        if rpc_latency_ms is not None:
+            generation, stock_rpc = _behind_relays(relays, generation, stock_rpc, rpc_latency_ms)
+        _bench(workloads=workloads, prompts=prompts, methods=methods, draft_len=draft_len, runs=runs,
+               max_tokens=max_tokens, json_path=json_path, csv_path=csv_path, plot_path=plot_path, quick=quick,
+               write_profile=write_profile, vs_llama_cpp=vs_llama_cpp, stock_rpc=stock_rpc, generation=generation)
+
+
+def _behind_relays(relays: contextlib.ExitStack, generation: o.GenerationOptions, stock_rpc: str | None,
+                   rtt_ms: float) -> tuple[o.GenerationOptions, str | None]:
+    """``generation`` and ``stock_rpc`` with each server replaced by a latency relay in front of it."""
+    if generation.rpc is None:
+        raise UsageError("--rpc-latency-ms needs --rpc HOST:PORT[,HOST:PORT] on the command line")
+
+    def relayed(servers: str) -> str:
+        addresses = []
+        for server in parse_layout(servers).servers:
+            host, _, port = server.rpartition(":")
+            if host not in ("127.0.0.1", "localhost"):
+                raise UsageError(f"--rpc-latency-ms relays loopback servers only, not {server}; use a real network")
+            addresses.append(relays.enter_context(LatencyRelay((host, int(port)), rtt_ms=rtt_ms)).address)
+        return ",".join(addresses)
+
+    return replace(generation, rpc=relayed(generation.rpc)), None if stock_rpc is None else relayed(stock_rpc)
+
+
+def _bench(*, workloads: str | None, prompts: Path | None, methods: str | None, draft_len: str, runs: int | None,
+           max_tokens: int | None, json_path: Path | None, csv_path: Path | None, plot_path: Path | None,
+           quick: bool, write_profile: str | None, vs_llama_cpp: Path | None, stock_rpc: str | None,
+           generation: o.GenerationOptions) -> None:
+    """The bench itself, with the RPC servers (relayed or not) it was given."""
     chosen = select(
         load_prompt_file(prompts) if prompts else shipped_prompts(),
         _split(workloads) if workloads else None,
@@ -113,6 +165,7 @@ def bench_command(
         compare_with_llama_cpp(
             vs_llama_cpp,
             generation,
+            stock_rpc,
             chosen,
             configs,
             runs=runs or (QUICK_RUNS if quick else DEFAULT_RUNS),

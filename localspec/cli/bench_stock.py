@@ -20,6 +20,7 @@ from localspec.bench.workloads import BenchPrompt, for_target
 from localspec.cli import options as o
 from localspec.cli.console import add_columns, err, out
 from localspec.engine.drafters.registry import HEAD_METHODS, check_method, method_missing
+from localspec.engine.llama.rpc import parse_layout
 from localspec.errors import UsageError
 from localspec.session import remember_pass_costs
 
@@ -27,6 +28,7 @@ from localspec.session import remember_pass_costs
 def compare_with_llama_cpp(
     bin_dir: Path,
     generation: o.GenerationOptions,
+    stock_rpc: str | None,
     prompts: Sequence[BenchPrompt],
     configs: Sequence[Config],
     *,
@@ -44,6 +46,12 @@ def compare_with_llama_cpp(
     if generation.temp:
         raise UsageError("--vs-llama-cpp compares greedy outputs; drop --temp or use --temp 0")
     tools = stock.find_tools(bin_dir)
+    if generation.rpc is not None and stock_rpc is None:
+        raise UsageError("--rpc with --vs-llama-cpp also needs --stock-rpc HOST:PORT,...: other rpc-servers on the "
+                         "same machines for the stock tools (each serves one client at a time)")
+    stock_servers = parse_layout(stock_rpc).servers if stock_rpc is not None else ()
+    if generation.rpc is not None and len(stock_servers) != len(parse_layout(generation.rpc).servers):
+        raise UsageError("--stock-rpc needs as many servers as --rpc, in the same order (the same layout)")
     pair, decoder, _ = replace(generation, temp=0.0).open()
     prompts, note = for_target(list(prompts), decoder.target, named=named)  # completions need FIM tokens
     if note:
@@ -55,7 +63,7 @@ def compare_with_llama_cpp(
             configs = [*configs, Config(method)]
     for config in configs:
         check_method(config.method, missing=missing)
-    settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens)
+    settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens, rpc_servers=stock_servers)
     with progress() as update:
         comparison = stock.StockComparison(
             decoder, tools, target=pair.target, draft=pair.draft, settings=settings, progress=update
