@@ -73,7 +73,10 @@ def test_a_session_remembers_its_pass_costs_for_the_next(tiny_target):
     assert measured and set(measured) <= set(range(2, 6))
     assert memory.load() == pytest.approx({b: round(r, 4) for b, r in measured.items()}, abs=1e-4)
     second = open_decoder(pair, options, method="lookup", history=False)
-    assert second.controller.costs.relative_costs() == pytest.approx(memory.load())
+    remembered = memory.load()
+    # All of it, but a size dearer than a larger one (stale: see Costs.remember).
+    kept = {b: r for b, r in remembered.items() if all(r <= other for size, other in remembered.items() if size > b)}
+    assert second.controller.costs.relative_costs() == pytest.approx(kept)
     # Another thread count prices passes differently: it starts from nothing.
     other = Model(tiny_target, n_ctx=256, n_threads=2)
     assert PassCostMemory(paths.pass_costs_file(), other.cost_identity()).load() == {}

@@ -153,17 +153,12 @@ class Costs:
     def one_token_samples(self) -> int:
         return len(self._pass_samples.get(1, ()))
 
-    def _add_sample(self, batch_size: int, value: float, *, remembered: bool = False) -> float:
+    def _add_sample(self, batch_size: int, value: float) -> float:
         if batch_size != 1:
             self._priced.clear()
         samples = self._pass_samples.setdefault(batch_size, RecentMedian())
-        if batch_size in self._remembered and not remembered:
-            # This session's first pass of the size replaces the memory rather than being outvoted by it: a
-            # remembered cost taken while another process slowed the machine (a 2-token pass remembered at
-            # 3.0x a one-token pass, measured at 1.05x) would otherwise hold the size at a loss until two
-            # more passes of it, and a size priced at a loss is not drafted, so never measured again.
-            samples.samples.clear()
-            self._remembered.discard(batch_size)
+        if len(samples) == COST_WINDOW:
+            self._remembered.discard(batch_size)  # a remembered cost is the first sample in: it rolls out first
         if batch_size not in self._relative:
             self._sizes = sorted((*self._relative, batch_size))
         median = self._relative[batch_size] = samples.add(value)
@@ -172,11 +167,12 @@ class Costs:
     def remember(self, relative: Mapping[int, float]) -> None:
         """Seed pass costs (relative to a one-token pass) measured in earlier sessions on this machine.
 
-        Each is trusted at once, until this session's first pass of its size replaces it. A cost that prices
-        a size as a loss keeps auto from drafting at that size, and so from measuring it again: one above the
-        cost of a larger size (a pass does no less work than a smaller one) is stale, taken while another
-        process slowed the machine (on the 2-core Intel Xeon a 2-token pass was remembered at 3.0 one-token
-        passes, above a 4-token pass's 1.51; it costs 1.05), and is left out, to be estimated and measured.
+        Each is trusted at once but counts as one sample, so this session's passes of its size outvote it
+        from the second. A cost that prices a size as a loss keeps auto from drafting at that size, and so
+        from measuring it again: one above the cost of a larger size (a pass does no less work than a smaller
+        one) is stale, taken while another process slowed the machine (on the 2-core Intel Xeon a 2-token
+        pass was remembered at 3.0 one-token passes, above a 4-token pass's 1.51; it costs 1.05), and is left
+        out, to be estimated and measured.
         """
         relative = {b: v for b, v in relative.items() if 1 < b <= MAX_VERIFY_BATCH}
         for batch_size, value in relative.items():
@@ -184,7 +180,7 @@ class Costs:
                 continue
             if batch_size not in self._relative:
                 self._remembered.add(batch_size)
-                self._add_sample(batch_size, value, remembered=True)
+                self._add_sample(batch_size, value)
 
     def _trusted(self, batch_size: int) -> bool:
         return batch_size in self._remembered or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
