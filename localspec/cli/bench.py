@@ -20,6 +20,7 @@ from rich.table import Table
 
 from localspec import paths
 from localspec.bench import report
+from localspec.bench.relay import LatencyRelay
 from localspec.bench.runner import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_RUNS,
@@ -29,7 +30,6 @@ from localspec.bench.runner import (
     Config,
     ProgressCallback,
 )
-from localspec.bench.relay import LatencyRelay
 from localspec.bench.tuned_profile import write_tuned_profile
 from localspec.bench.workloads import for_target, load_prompt_file, select, shipped_prompts
 from localspec.cli import options as o
@@ -200,6 +200,10 @@ def _bench(*, workloads: str | None, prompts: Path | None, methods: str | None, 
         result = runner.run(chosen)
     remember_pass_costs(runner.decoders.values())  # as a session does, for the sessions after it
     runner.close()
+    # Now, while --rpc-latency-ms's relays still run: freeing a model talks to its RPC servers, and at exit,
+    # with the relays gone, that hung.
+    decoder.close()
+    decoder.target.close()
 
     rows = report.build_rows(result)
     recommendations = report.recommend(rows)

@@ -71,6 +71,8 @@ def compare_with_llama_cpp(
         result = comparison.run(prompts)
     remember_pass_costs(comparison.runner.decoders.values())  # as a session does, for the sessions after it
     comparison.runner.close()
+    decoder.close()  # while the relays still run (see _bench in bench.py)
+    decoder.target.close()
     rows = stock.build_rows(result)
     target = decoder.target
     title = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import platform
 import shutil
 from pathlib import Path
-
 from typing import Annotated, Optional
 
 import typer
