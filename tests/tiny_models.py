@@ -19,6 +19,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from scripts.train_head.layout import add_eagle3_keys, add_head_header, eagle3_shapes
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + '</s>\n' }}"
@@ -527,16 +529,9 @@ def _head_writer(
     target's width with their own attention heads, the target layers read, and the target's tokenizer."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
-    writer.add_context_length(target.n_ctx)
-    writer.add_embedding_length(target.n_embd)
-    writer.add_block_count(n_layers)
-    writer.add_feed_forward_length(target.n_ff)
-    writer.add_head_count(target.n_head)
-    writer.add_head_count_kv(target.n_head)
-    writer.add_rope_dimension_count(target.n_embd // target.n_head)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_array(f"{arch}.target_layers", list(layers))
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if target.f16 else gguf.LlamaFileType.ALL_F32)
+    add_head_header(writer, arch=arch, n_ctx=target.n_ctx, n_embd=target.n_embd, n_ff=target.n_ff,
+                    n_head=target.n_head, head_dim=target.n_embd // target.n_head, layers=layers, f16=target.f16,
+                    n_layers=n_layers)
     _add_tokenizer(writer, target)
     return writer
 
@@ -559,30 +554,21 @@ def write_tiny_eagle3_head(
     tokenizer, as converted heads carry it. It has no embeddings of its own (llama.cpp lends the target's,
     same width). Its output projection is the target's too, or with ``draft_vocab`` its own over the first
     that many target tokens, mapped back by ``d2t`` (published heads draft from a 32k-token vocabulary)."""
-    d, n_head, ff = target.n_embd, target.n_head, target.n_ff
+    d, n_head = target.n_embd, target.n_head
     head_dim = d // n_head  # its own attention, whatever the target's
     writer = _head_writer(path, "eagle3", target, layers, seed=seed, n_layers=1)
-    writer.add_uint32("eagle3.target_hidden_size", d)
+    add_eagle3_keys(writer, target_hidden=d)
     mat = _random_matrices(seed)
-
-    tensors = {
-        "fc.weight": mat(d, len(layers) * d),
-        "output_norm.weight": _ones(d),
-        "blk.0.attn_norm.weight": _ones(d),
-        "blk.0.attn_norm_2.weight": _ones(d),
-        # q, k and v read the token embedding and g side by side
-        "blk.0.attn_q.weight": mat(n_head * head_dim, 2 * d),
-        "blk.0.attn_k.weight": mat(n_head * head_dim, 2 * d),
-        "blk.0.attn_v.weight": mat(n_head * head_dim, 2 * d),
-        "blk.0.attn_output.weight": mat(d, n_head * head_dim),
-        "blk.0.ffn_norm.weight": _ones(d),
-        "blk.0.ffn_gate.weight": mat(ff, d),
-        "blk.0.ffn_up.weight": mat(ff, d),
-        "blk.0.ffn_down.weight": mat(d, ff),
-    }
-    if draft_vocab is not None:
-        tensors |= {"output.weight": mat(draft_vocab, d, 0.15 * target.logit_scale),
-                    "d2t": np.arange(draft_vocab, dtype=np.int64)}
+    shapes = eagle3_shapes(n_embd=d, n_head=n_head, head_dim=head_dim, n_ff=target.n_ff,
+                           n_features=len(layers) * d, draft_vocab=draft_vocab)
+    tensors = {}
+    for name, shape in shapes.items():  # matrices drawn in layout order
+        if name == "d2t":
+            tensors[name] = np.arange(draft_vocab, dtype=np.int64)
+        elif len(shape) == 1:
+            tensors[name] = _ones(shape[0])
+        else:
+            tensors[name] = mat(*shape, 0.15 * target.logit_scale) if name == "output.weight" else mat(*shape)
     _write_out(writer, tensors.items(), target.f16)
     return path
 
