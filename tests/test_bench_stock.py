@@ -315,3 +315,12 @@ def test_the_overall_rows_are_the_all_rows_or_the_only_workloads():
     rows = [{"workload": w, "engine": e} for w in ("a", "b", "all") for e in ("x", "y")]
     assert stock.overall_rows(rows) == rows[4:]
     assert stock.overall_rows(rows[:2]) == rows[:2]  # one workload: no "all" rows are made
+
+
+def test_a_stock_server_that_exits_at_start_is_one_line_with_its_last_words(tmp_path):
+    """Its log is read before it is closed (reading it after gave a traceback instead of the reason)."""
+    tool = tmp_path / "llama-server"
+    tool.write_text("#!/bin/sh\necho 'failed to connect to RPC server 127.0.0.1:50062'\nexit 1\n")
+    tool.chmod(0o755)
+    with pytest.raises(stock.StockOutputError, match="llama-server did not start: failed to connect to RPC server"):
+        stock.StockServer([str(tool)])

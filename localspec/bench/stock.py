@@ -425,7 +425,11 @@ class StockComparison:
             if engine not in self._servers:
                 self.progress(f"starting {engine.label}", 0, 0)
                 self._servers[engine] = StockServer(self._server_command(engine))
-            return self._servers[engine].infill(item, self.settings.max_tokens)
+            run = self._servers[engine].infill(item, self.settings.max_tokens)
+            if self.settings.rpc_servers:
+                # An rpc-server serves one client at a time: the next stock engine or tool needs them free.
+                self._servers.pop(engine).close()
+            return run
         if engine == STOCK_BASELINE:
             run = self._run_tool(engine, item, parse_completion)
         else:
@@ -556,8 +560,9 @@ class StockServer:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while not self._healthy():
             if self._process.poll() is not None or time.monotonic() > deadline:
+                why = self._last_log_line()
                 self.close()
-                raise StockOutputError(f"{self.name} did not start: {self._last_log_line()}")
+                raise StockOutputError(f"{self.name} did not start: {why}")
             time.sleep(0.2)
 
     def _healthy(self) -> bool:
