@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> None:
     # What was captured is reused while the target, the prompts and the text are the same.
     key = _capture_key(args, layers)
     meta, train_file, held_file = work / "capture.json", work / "train.npz", work / "held.npz"
-    if args.fresh or not meta.exists() or json.loads(meta.read_text()) != key:
+    captured = args.fresh or not meta.exists() or json.loads(meta.read_text()) != key
+    if captured:
         model = Model(args.target, n_ctx=max(4096, args.window + 64))
         try:
             cap = capture.Capture(model, layers)
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> None:
                         checkpoint=lambda s: s.save(checkpoint, d2t))
     accepted = train.acceptance(state.params, shape, jnp.asarray(embed), held_windows, options)
     write_head(args.out, target, shape, layers, state.params, d2t, f16=not args.f32)
-    print(f"capture {capture_s / 60:.1f} min, training {state.trained_s / 60:.1f} min in all ({state.epochs} "
+    print(f"capture {f'{capture_s / 60:.1f} min' if captured else 'reused'}, training {state.trained_s / 60:.1f} min in all ({state.epochs} "
           f"epochs); first-token top-1 acceptance on held-back answers {accepted[0]:.3f}, chained steps "
           f"{' '.join(f'{a:.3f}' for a in accepted[1:])}")
     print(f"wrote {args.out}")
