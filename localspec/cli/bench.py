@@ -38,7 +38,7 @@ from localspec.cli.console import add_columns, err, out
 from localspec.engine.drafters.registry import HEAD_METHODS, METHODS, check_method, method_missing
 from localspec.engine.llama.rpc import parse_layout
 from localspec.errors import UsageError
-from localspec.session import remember_pass_costs
+from localspec.session import close_decoder, remember_pass_costs
 
 # mtp joins the defaults where the target has an MTP head (see bench_command).
 DEFAULT_METHODS = ",".join(m for m in METHODS if m not in HEAD_METHODS)
@@ -195,15 +195,14 @@ def _bench(*, workloads: str | None, prompts: Path | None, methods: str | None, 
         max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS),
         sampling=sampling,
     )
-    with _progress() as progress:
-        runner = BenchRunner(decoder, settings, progress=progress)
-        result = runner.run(chosen)
-    remember_pass_costs(runner.decoders.values())  # as a session does, for the sessions after it
-    runner.close()
-    # Now, while --rpc-latency-ms's relays still run: freeing a model talks to its RPC servers, and at exit,
-    # with the relays gone, that hung.
-    decoder.close()
-    decoder.target.close()
+    try:
+        with _progress() as progress:
+            runner = BenchRunner(decoder, settings, progress=progress)
+            result = runner.run(chosen)
+        remember_pass_costs(runner.decoders.values())  # as a session does, for the sessions after it
+        runner.close()
+    finally:
+        close_decoder(decoder)  # while --rpc-latency-ms's relays still run
 
     rows = report.build_rows(result)
     recommendations = report.recommend(rows)

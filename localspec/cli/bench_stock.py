@@ -22,7 +22,7 @@ from localspec.cli.console import add_columns, err, out
 from localspec.engine.drafters.registry import HEAD_METHODS, check_method, method_missing
 from localspec.engine.llama.rpc import parse_layout
 from localspec.errors import UsageError
-from localspec.session import remember_pass_costs
+from localspec.session import close_decoder, remember_pass_costs
 
 
 def compare_with_llama_cpp(
@@ -64,15 +64,16 @@ def compare_with_llama_cpp(
     for config in configs:
         check_method(config.method, missing=missing)
     settings = stock.StockSettings(configs, runs=runs, max_tokens=max_tokens, rpc_servers=stock_servers)
-    with progress() as update:
-        comparison = stock.StockComparison(
-            decoder, tools, target=pair.target, draft=pair.draft, settings=settings, progress=update
-        )
-        result = comparison.run(prompts)
-    remember_pass_costs(comparison.runner.decoders.values())  # as a session does, for the sessions after it
-    comparison.runner.close()
-    decoder.close()  # while the relays still run (see _bench in bench.py)
-    decoder.target.close()
+    try:
+        with progress() as update:
+            comparison = stock.StockComparison(
+                decoder, tools, target=pair.target, draft=pair.draft, settings=settings, progress=update
+            )
+            result = comparison.run(prompts)
+        remember_pass_costs(comparison.runner.decoders.values())  # as a session does, for the sessions after it
+        comparison.runner.close()
+    finally:
+        close_decoder(decoder)  # while --rpc-latency-ms's relays still run
     rows = stock.build_rows(result)
     target = decoder.target
     title = (

@@ -30,6 +30,7 @@ from localspec.prompt_cache import PromptCache, Restored
 from localspec.server.reasoning import THINK_OPEN, ReasoningDelta, ReasoningSplitter, has_reasoning
 from localspec.server.request import APIError, GenerationRequest
 from localspec.server.results import cached_tokens
+from localspec.session import close_decoder
 from localspec.tool_calls import (
     GENERIC,
     HERMES_CLOSE,
@@ -259,8 +260,7 @@ class GenerationWorker:
         assert target.rpc is not None and self.reopen is not None  # only a target over RPC loses a server
         # Raises, naming it, while it is still away (the others are busy with the broken model's connections).
         check_servers([self.missing_server])
-        self.decoder.close()
-        target.close()
+        close_decoder(self.decoder)
         self.decoder = self.reopen()
         self.missing_server = None
         log.info("RPC servers %s are back; the pair is loaded again", ", ".join(target.rpc.servers))
