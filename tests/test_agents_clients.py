@@ -230,7 +230,7 @@ def opencode(url: str, project: Path, task: str) -> str:
 
 def test_the_readme_shows_what_these_tests_run():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Pointing agents at it"):readme.index("## How it works")]
+    section = readme[readme.index("### Pointing agents at it"):readme.index("### Pointing editors at it")]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
     unindent = {kind: textwrap.dedent(block) for kind, block in blocks}
     assert json.loads(unindent["json"]) == json.loads(OPENCODE_CONFIG.format(url=README_URL))
