@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 TESTED_ELSEWHERE = {
     "scripts.bench.agents": "tests/test_prompt_cache.py",  # replay and record against a tiny server
     "scripts.bench.gpu": "tests/test_gpu_check.py",  # models, quantize and report, with the stock tools
+    "scripts.train_head": "tests/test_train_head.py",  # a short training on the tiny models
 }
 # For the scripts that write random models: one thread (tiny models gain nothing from two on a busy machine),
 # and Q8_0, whose 32-wide blocks fit tiny widths (K-quants need 256).
@@ -40,9 +41,10 @@ SMALL = ["--threads", "1", "--type", "Q8_0"]
 
 
 def script_modules() -> list[str]:
-    """Every runnable module under scripts/ (the shared code beside them has no ``__main__``)."""
+    """Every runnable module under scripts/ (the shared code beside them has no ``__main__``); a package with a
+    ``__main__.py`` is run as the package."""
     return sorted(
-        ".".join(path.relative_to(REPO).with_suffix("").parts)
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__main__")
         for path in (REPO / "scripts").glob("*/*.py")
         if 'if __name__ == "__main__":' in path.read_text()
     )
@@ -61,7 +63,7 @@ def test_every_script_is_in_the_readme_table_runs_as_its_module_and_is_smoke_run
     readme = (REPO / "scripts" / "README.md").read_text()
     assert f"`.venv/bin/python -m {module}" in readme, f"scripts/README.md has no row for {module}"
     elsewhere = TESTED_ELSEWHERE.get(module)
-    runs_there = elsewhere is not None and f"{module.replace('.', '/')}.py" in (REPO / elsewhere).read_text()
+    runs_there = elsewhere is not None and module.replace(".", "/") in (REPO / elsewhere).read_text()
     assert smoke_run_here(module) or runs_there, f"no smoke run of {module}"
     monkeypatch.setattr(sys, "argv", [module, "--help"])
     with pytest.raises(SystemExit) as done:
