@@ -2,7 +2,8 @@
 
 On the suite's tiny llama target (tests/tiny_models.py): the JAX forward pass, chained steps included, is
 the pinned llama.cpp eagle3 graph (same logits for the same weights, through localspec's EAGLE-3 head
-context); a short training run lowers its loss and drafts better on held-back prompts than a seeded-random
+context); a sampled answer is labelled with the target's greedy token at every position; a short
+training run lowers its loss and drafts better on held-back prompts than a seeded-random
 head; the head it writes passes `check` and drafts without changing greedy output.
 """
 
@@ -18,10 +19,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from localspec.bench.workloads import BenchPrompt
 from localspec.cli.app import app
+from localspec.engine.decoding.sampling import SamplingParams
 from localspec.engine.llama.heads import Eagle3Head
 from localspec.engine.llama.model import Model
 from scripts.train_head.__main__ import main
+from scripts.train_head.capture import Capture
 from scripts.train_head.head import HeadShape, chained_forward, init_params
 from scripts.train_head.layout import default_layers
 from scripts.train_head.target_file import borrowed_weights, target_info, write_head
@@ -82,6 +86,29 @@ def test_the_jax_forward_is_llama_cpps_eagle3_graph(tmp_path):
         np.testing.assert_allclose(logits[d2t], np.asarray(jax_logits[0, last]), rtol=2e-3, atol=2e-3)
         assert np.isneginf(np.delete(logits, d2t)).all()
         assert int(np.argmax(logits)) == int(d2t[np.argmax(jax_logits[0, last])])
+
+
+def test_a_sampled_answer_is_labelled_with_the_greedy_token_at_every_position(tmp_path):
+    target_path = write_tiny_model(tmp_path / "target.gguf", TARGET)
+    model = Model(target_path, n_ctx=256, n_threads=1)
+    try:
+        capture = Capture(model, LAYERS)
+        prompt = BenchPrompt(workload="chat", id="p", turns=(PROMPT,))
+        greedy = capture.answer(prompt, 32)
+        sampled = capture.answer(prompt, 32, SamplingParams(temperature=1.5, seed=3))
+        assert sampled.first == greedy.first
+        answer = slice(sampled.first + 1, None)
+        assert sampled.tokens[answer].tolist() != greedy.tokens[answer].tolist()  # text greedy never writes
+        checked = 0
+        for at in range(sampled.first, len(sampled.labels), 5):
+            # the target's greedy next token after this prefix, decoded afresh
+            model.reset()
+            alone = capture.decoder.generate(sampled.tokens[: at + 1].tolist(), max_tokens=1)
+            assert sampled.labels[at] == next(alone).tokens[0], at
+            checked += 1
+        assert checked >= 4
+    finally:
+        model.close()
 
 
 def acceptance(target_path, head_path, prompts) -> tuple[float, list[int]]:

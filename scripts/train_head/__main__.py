@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="capture and checkpoint folder (default: $LOCALSPEC_HOME/train-head/TARGET)")
     parser.add_argument("--fresh", action="store_true", help="capture and train from scratch")
     parser.add_argument("--max-tokens", type=int, default=384, help="tokens per training answer")
+    parser.add_argument("--samples", type=int, default=2,
+                        help="answers sampled per training prompt besides the greedy one (default 2)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled answers")
     parser.add_argument("--text-tokens", type=int, default=100_000, help="at most this many tokens of --text")
     parser.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
                         help="the head's vocabulary: the target's most used tokens")
@@ -102,7 +105,8 @@ def run(args: argparse.Namespace) -> None:
             cap = capture.Capture(model, layers)
             windows = capture.text_windows(model, capture.text_files(args.text), args.window, args.text_tokens)
             capture.save(train_file, capture.capture_all(cap, prompts, windows, max_tokens=args.max_tokens,
-                                                         report=_progress))
+                                                         report=_progress, samples=args.samples,
+                                                         temperature=args.temperature))
             capture.save(held_file, capture.capture_all(cap, held_prompts, [], max_tokens=args.max_tokens,
                                                         report=_progress))
         finally:
@@ -157,7 +161,8 @@ def _capture_key(args: argparse.Namespace, layers: tuple[int, ...]) -> dict:
     stat = args.target.stat()
     return {"target": [str(args.target.resolve()), stat.st_size, stat.st_mtime], "layers": list(layers),
             "prompts": digest.hexdigest(), "text": [str(p.resolve()) for p in args.text],
-            "text_tokens": args.text_tokens, "max_tokens": args.max_tokens, "window": args.window}
+            "text_tokens": args.text_tokens, "max_tokens": args.max_tokens, "window": args.window,
+            "samples": args.samples, "temperature": args.temperature}
 
 
 def _progress(line: str) -> None:

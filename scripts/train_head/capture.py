@@ -1,4 +1,5 @@
-"""What a head learns from, made by localspec's engine on the target: its own greedy answers to prompts, and
+"""What a head learns from, made by localspec's engine on the target: its own greedy answers to prompts, answers
+it samples to them (more text of the kind it writes, each position still labelled with its greedy token), and
 what it would say at every position of plain text, with the inputs of the three layers the head reads.
 
 A sequence is ``tokens`` c_0..c_L, ``features`` f_0..f_(L-1) (the layer inputs side by side at each
@@ -17,6 +18,7 @@ import numpy as np
 from localspec.bench.workloads import BenchPrompt
 from localspec.conversation import Conversation
 from localspec.engine.decoding.decoder import SpeculativeDecoder
+from localspec.engine.decoding.sampling import SamplingParams
 from localspec.engine.llama.model import Model
 
 # Text files read from a folder given with --text.
@@ -41,12 +43,16 @@ class Capture:
         self.target = target
         self.decoder = SpeculativeDecoder(target, method="lookup")
 
-    def answer(self, prompt: BenchPrompt, max_tokens: int) -> Sequence:
-        """The target's greedy answer to the first turn of ``prompt``, as a sequence learnt from the answer."""
+    def answer(self, prompt: BenchPrompt, max_tokens: int, sampling: SamplingParams | None = None) -> Sequence:
+        """The target's answer to the first turn of ``prompt``, as a sequence learnt from the answer: greedy,
+        or drawn with ``sampling`` and then labelled with the greedy token at every position."""
         conversation = Conversation(self.decoder, system=prompt.system)
         context = conversation.render([{"role": "user", "content": prompt.turns[0]}])
-        answer = [t for step in self.decoder.generate(context, max_tokens=max_tokens) for t in step.tokens]
+        steps = self.decoder.generate(context, max_tokens=max_tokens, sampling=sampling or SamplingParams())
+        answer = [t for step in steps for t in step.tokens]
         full = context + answer
+        if sampling is not None:
+            return self.text(full, first=len(context) - 1)
         # The decoder's passes wrote the layer inputs of every position the target holds; the last answer
         # token is usually not evaluated, and it is what the position before it is labelled with anyway.
         n = min(len(self.target.tokens), len(full) - 1)
@@ -54,8 +60,8 @@ class Capture:
         return Sequence(np.asarray(full[: n + 1], np.int32), features, np.asarray(full[1 : n + 1], np.int32),
                         first=len(context) - 1)
 
-    def text(self, tokens: list[int]) -> Sequence:
-        """Plain text read in one pass: every position is labelled with the target's greedy next token."""
+    def text(self, tokens: list[int], first: int = 0) -> Sequence:
+        """Text read in one pass: every position is labelled with the target's greedy next token."""
         target = self.target
         target.reset()
         labels = []
@@ -64,7 +70,7 @@ class Capture:
             labels.append(np.argmax(target.eval(chunk, n_logits=len(chunk), prefill=True), axis=-1))
         n = len(tokens) - 1
         return Sequence(np.asarray(tokens, np.int32), target.features[:n].astype(np.float16),
-                        np.concatenate(labels)[:n].astype(np.int32), first=0)
+                        np.concatenate(labels)[:n].astype(np.int32), first=first)
 
 
 def text_files(paths: Iterable[Path]) -> list[Path]:
@@ -92,10 +98,14 @@ def text_windows(target: Model, files: Iterable[Path], window: int, budget: int)
 
 
 def capture_all(capture: Capture, prompts: list[BenchPrompt], windows: Iterable[list[int]], *, max_tokens: int,
-                report: Callable[[str], None]) -> list[Sequence]:
+                report: Callable[[str], None], samples: int = 0, temperature: float = 0.8) -> list[Sequence]:
+    """The greedy answer to each prompt and ``samples`` more drawn at ``temperature`` (seeded, so a capture
+    made again is the same), then the text windows."""
     sequences = []
     for i, prompt in enumerate(prompts):
         sequences.append(capture.answer(prompt, max_tokens))
+        for seed in range(samples):
+            sequences.append(capture.answer(prompt, max_tokens, SamplingParams(temperature=temperature, seed=seed)))
         report(f"answered {i + 1}/{len(prompts)} prompts ({sum(len(s.labels) - s.first for s in sequences)} "
                "answer tokens)")
     read = 0
