@@ -254,6 +254,33 @@ def test_extrapolation_follows_the_measured_slope():
     assert steep.costs.pass_cost(10) == pytest.approx(0.080 + PRIOR_BATCH_SLOPE * 0.040 * 8)
 
 
+def test_a_long_match_is_judged_no_better_than_the_evidence_below_it():
+    """Matches of 16+ are judged only when a copy runs that far; where 8-15 copy far worse than the prior
+    said, a 16-match is not priced at its prior, and a 12-match does not bet a long pass on it."""
+    priced = measured(CPU, method="auto")
+    assert priced.acceptance("lookup", 16) == pytest.approx(0.95)
+    teach(priced, "lookup", 8, 0.5, k=4)  # rounds end inside the 8-15 bucket
+    assert priced.acceptance("lookup", 16) < 0.9
+    assert priced.acceptance("lookup", 32) < 0.98
+    assert choose(priced, lookup_available=64, lookup_match_len=12).k <= 8
+    # evidence that short matches copy better never raises the long ones above their prior
+    better = measured(CPU, method="auto")
+    teach(better, "lookup", 8, 0.99, k=4)
+    assert better.acceptance("lookup", 16) == pytest.approx(0.95)
+
+
+def test_what_earlier_answers_taught_a_copy_estimate_weighs_as_the_prior_in_a_new_one():
+    """An answer whose copies ran 40 tokens every time, then one whose long matches break at once: after
+    three refusals in the new answer the estimate has left 'certain' behind."""
+    controller = measured(CPU, method="auto")
+    teach(controller, "lookup", 32, 1.0, rounds=60, k=32)
+    assert controller.acceptance("lookup", 32) > 0.99
+    controller.begin_answer()
+    assert controller.acceptance("lookup", 32) > 0.985  # what was learnt is kept
+    teach(controller, "lookup", 32, 0.0, rounds=3, k=32)
+    assert controller.acceptance("lookup", 32) < 0.75
+
+
 def test_a_copy_in_progress_is_its_own_bucket():
     controller = measured(CPU, method="auto")
     teach(controller, "lookup", 4, 0.2)

@@ -164,8 +164,11 @@ class Controller:
 
     # -- measurements ----------------------------------------------------------------------------
     def begin_answer(self) -> None:
-        """A new answer starts: exploration is budgeted per answer, so no answer pays for another's."""
+        """A new answer starts: exploration is budgeted per answer, so no answer pays for another's, and
+        what copies did in the last answers counts for less (``Acceptance.carry_over``)."""
         self._answer_tokens, self._answer_loss, self._probe_floor = 0, 0.0, 0.0
+        for estimates in self._copies.values():
+            estimates.carry_over()
 
     def record_round(self, source: str, drafted: int, accepted: int, emitted: Sequence[int] = ()) -> None:
         """A round's outcome: ``accepted`` of ``drafted`` tokens from ``source`` (TARGET_ALONE: none), and
@@ -204,7 +207,7 @@ class Controller:
 
     def acceptance(self, source: str, match_len: int = 1) -> float:
         if source in self._copies:
-            return self._copies[source].at(match_len).rate
+            return self._copies[source].rate(match_len)
         return self._models[source].acceptance.rate
 
     def step_cost(self, source: str) -> float:

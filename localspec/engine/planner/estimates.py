@@ -5,6 +5,14 @@ With acceptance a_i for draft token i given the ones before it, drafting k token
 one sum the planner and the benchmark's prediction both use). A copy drafter's estimate is kept per match
 length (position i of a draft after an m-token match continues an m + i match), a model drafter's is
 one number.
+
+Long matches are judged rarely (a round has to copy that far), so their estimates would rest on the prior
+long after the text has shown it copies worse, or better, than the prior assumed; a wrong long bet costs
+a pass of many rows. So a match length's prior is lowered to follow the length below it: its chance of
+failing is at least the shorter length's estimated chance times the ratio the priors give between the two
+(never raised: the priors of long matches are near 1 already, and the loss is on the long side). And what
+earlier answers taught weighs at most as much as the prior in a new answer: another text copies
+differently, and its own rounds should soon outweigh the last one's.
 """
 
 from __future__ import annotations
@@ -46,12 +54,19 @@ class Acceptance:
 
     @property
     def rate(self) -> float:
-        return (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
+        return self.rate_from(self.prior)
 
     @property
     def hopeful(self) -> float:
+        return self.hopeful_from(self.prior)
+
+    def rate_from(self, prior: float) -> float:
+        """The estimate, starting from ``prior`` rather than its own."""
+        return (prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
+
+    def hopeful_from(self, prior: float) -> float:
         """The rate plus HOPEFUL_SIGMAS standard deviations: what it might still turn out to be."""
-        rate = self.rate
+        rate = self.rate_from(prior)
         return min(1.0, rate + HOPEFUL_SIGMAS * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged)))
 
     def record(self, drafted: int, accepted: int) -> None:
@@ -62,6 +77,13 @@ class Acceptance:
         self.accepted *= FORGET
         self.judged *= FORGET
 
+    def carry_over(self) -> None:
+        """A new answer starts: keep the estimate, weighed at most as the prior."""
+        if self.judged > PRIOR_WEIGHT:
+            scale = PRIOR_WEIGHT / self.judged
+            self.accepted *= scale
+            self.judged = PRIOR_WEIGHT
+
 
 class MatchAcceptance:
     """Acceptance per match length, bucketed as the prior's keys (4 stands for 4-7 if 8 is the next)."""
@@ -70,20 +92,38 @@ class MatchAcceptance:
         self.buckets = {length: Acceptance(a) for length, a in prior.items()}
         self._lengths = sorted(self.buckets)  # planning looks one up per draft position, so by bisection
 
+    def _bucket(self, match_len: int) -> int:
+        return bisect.bisect_right(self._lengths, max(1, match_len)) - 1
+
     def at(self, match_len: int) -> Acceptance:
-        lengths = self._lengths
-        return self.buckets[lengths[bisect.bisect_right(lengths, max(1, match_len)) - 1]]
+        return self.buckets[self._lengths[self._bucket(match_len)]]
+
+    def _estimates(self, hopeful: bool = False) -> list[float]:
+        """Each bucket's rate (or hopeful rate), shortest first, its prior following the bucket below."""
+        estimates, below = [], None
+        for length in self._lengths:
+            bucket = self.buckets[length]
+            prior = bucket.prior
+            if below is not None:
+                shorter, rate = below
+                prior = min(prior, 1.0 - (1.0 - rate) * (1.0 - prior) / (1.0 - shorter.prior))
+            estimates.append(bucket.hopeful_from(prior) if hopeful else bucket.rate_from(prior))
+            below = (bucket, bucket.rate_from(prior))
+        return estimates
+
+    def rate(self, match_len: int) -> float:
+        return self._estimates()[self._bucket(match_len)]
 
     def rates(self, match_len: int, k_max: int, *, hopeful: bool = False) -> list[float]:
         """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
         copy in progress is expected to run on longer the further it has already run."""
         lengths, rates = self._lengths, []
+        estimates = self._estimates(hopeful)
         # Bucket by bucket: planning asks for up to 64 positions every round.
-        i = bisect.bisect_right(lengths, max(1, match_len)) - 1
+        i = self._bucket(match_len)
         while len(rates) < k_max:
-            estimate = self.buckets[lengths[i]]
             upto = lengths[i + 1] - match_len if i + 1 < len(lengths) else k_max
-            rates += [estimate.hopeful if hopeful else estimate.rate] * (min(upto, k_max) - len(rates))
+            rates += [estimates[i]] * (min(upto, k_max) - len(rates))
             i += 1
         return rates
 
@@ -96,5 +136,9 @@ class MatchAcceptance:
         for estimate in self.buckets.values():
             estimate.forget()
 
+    def carry_over(self) -> None:
+        for estimate in self.buckets.values():
+            estimate.carry_over()
+
     def summary(self) -> dict[int, float]:
-        return {length: round(e.rate, 3) for length, e in self.buckets.items()}
+        return {length: round(rate, 3) for length, rate in zip(self._lengths, self._estimates())}
