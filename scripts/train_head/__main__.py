@@ -24,6 +24,7 @@ from localspec import paths
 from localspec.bench.workloads import load_prompt_file, shipped_prompts
 from localspec.engine.llama.model import Model
 from localspec.errors import LocalspecError, UsageError
+from scripts.train_head.capture import SAMPLE_TEMPERATURE
 
 PROMPTS = Path(__file__).with_name("prompts.jsonl")
 DEFAULT_DRAFT_VOCAB = 8192
@@ -45,7 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=384, help="tokens per training answer")
     parser.add_argument("--samples", type=int, default=2,
                         help="answers sampled per training prompt besides the greedy one (default 2)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled answers")
+    parser.add_argument("--temperature", type=float, default=SAMPLE_TEMPERATURE,
+                        help=f"temperature of the sampled answers (default {SAMPLE_TEMPERATURE})")
     parser.add_argument("--text-tokens", type=int, default=100_000, help="at most this many tokens of --text")
     parser.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
                         help="the head's vocabulary: the target's most used tokens")
@@ -147,7 +149,8 @@ def run(args: argparse.Namespace) -> None:
                         checkpoint=lambda s: s.save(checkpoint, d2t))
     accepted = train.acceptance(state.params, shape, jnp.asarray(embed), held_windows, options)
     write_head(args.out, target, shape, layers, state.params, d2t, f16=not args.f32)
-    print(f"capture {f'{capture_s / 60:.1f} min' if captured else 'reused'}, training {state.trained_s / 60:.1f} min in all ({state.epochs} "
+    capture_time = f"{capture_s / 60:.1f} min" if captured else "reused"
+    print(f"capture {capture_time}, training {state.trained_s / 60:.1f} min in all ({state.epochs} "
           f"epochs); first-token top-1 acceptance on held-back answers {accepted[0]:.3f}, chained steps "
           f"{' '.join(f'{a:.3f}' for a in accepted[1:])}")
     print(f"wrote {args.out}")

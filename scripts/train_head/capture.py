@@ -21,6 +21,8 @@ from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.decoding.sampling import SamplingParams
 from localspec.engine.llama.model import Model
 
+# Temperature of the answers sampled besides the greedy one: varied text the target still writes.
+SAMPLE_TEMPERATURE = 0.8
 # Text files read from a folder given with --text.
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".rst", ".js", ".ts", ".json", ".toml", ".c", ".h", ".cpp", ".rs", ".go",
                  ".java", ".sh", ".html", ".css", ".yaml", ".yml", ".sql"}
@@ -98,7 +100,8 @@ def text_windows(target: Model, files: Iterable[Path], window: int, budget: int)
 
 
 def capture_all(capture: Capture, prompts: list[BenchPrompt], windows: Iterable[list[int]], *, max_tokens: int,
-                report: Callable[[str], None], samples: int = 0, temperature: float = 0.8) -> list[Sequence]:
+                report: Callable[[str], None], samples: int = 0,
+                temperature: float = SAMPLE_TEMPERATURE) -> list[Sequence]:
     """The greedy answer to each prompt and ``samples`` more drawn at ``temperature`` (seeded, so a capture
     made again is the same), then the text windows."""
     sequences = []

@@ -105,10 +105,11 @@ class MatchAcceptance:
             bucket = self.buckets[length]
             prior = bucket.prior
             if below is not None:
-                shorter, rate = below
-                prior = min(prior, 1.0 - (1.0 - rate) * (1.0 - prior) / (1.0 - shorter.prior))
-            estimates.append(bucket.hopeful_from(prior) if hopeful else bucket.rate_from(prior))
-            below = (bucket, bucket.rate_from(prior))
+                shorter, shorter_rate = below
+                prior = min(prior, 1.0 - (1.0 - shorter_rate) * (1.0 - prior) / (1.0 - shorter.prior))
+            rate = bucket.rate_from(prior)
+            estimates.append(bucket.hopeful_from(prior) if hopeful else rate)
+            below = (bucket, rate)
         return estimates
 
     def rate(self, match_len: int) -> float:
