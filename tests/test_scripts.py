@@ -23,7 +23,7 @@ from scripts.bench import builds, engine, heads, lookup_index, moe, rollback, se
 from scripts.bench.agents import free_port
 from scripts.models import hybrid
 from scripts.record import llama_vim, llama_vscode
-from scripts.replay import lookup, suffix
+from scripts.replay import lookup, spread, suffix
 from scripts.replay.recording import Clock, ReplayTarget
 from tests.test_bench_stock import stock_bin  # noqa: F401 (a fixture)
 from tests.tiny_models import fim_fields
@@ -179,6 +179,24 @@ def test_replay_lookup_records_and_replays_every_slice(tiny_target, tmp_path, ca
     lookup.main([str(answers), "--max-tokens", "12"])
     rows = capsys.readouterr().out.splitlines()[-len(slices):]
     assert {row.split()[0] for row in rows} == slices
+
+
+def test_replay_spread_puts_a_method_level_with_itself_on_a_quiet_machine(tiny_target, tmp_path, capsys):
+    answers = tmp_path / "answers.json"
+    lookup.main(["--record", str(answers), "--target", str(tiny_target), "--per-slice", "1", "--max-tokens", "12",
+                 "--threads", "1"])
+    slices = {answer["workload"] for answer in json.loads(answers.read_text())["answers"]}
+    capsys.readouterr()
+    # Without noise every run of a method against itself is even; with it, timing alone parts them.
+    spread.main([str(answers), "--pairs", "lookup/lookup", "--seeds", "2", "--drift", "0", "--jitter", "0",
+                 "--max-tokens", "12"])
+    quiet = capsys.readouterr().out.splitlines()
+    assert {row.split()[0] for row in quiet[-1 - len(slices):-1]} == slices
+    assert all(row.split()[1:] == ["1.000", "0%", "1.000", "0%"] for row in quiet[-1 - len(slices):-1])
+    assert quiet[-1].split() == ["every", "slice", "2/2", "runs", "2/2", "runs"]
+    spread.main([str(answers), "--pairs", "lookup/lookup", "--seeds", "2", "--drift", "0.2", "--max-tokens", "12"])
+    noisy = capsys.readouterr().out.splitlines()[-1 - len(slices):-1]
+    assert any(row.split()[1] != "1.000" for row in noisy)
 
 
 def test_replay_suffix_records_and_replays_agent_repeat(tiny_target, tmp_path, capsys):

@@ -108,8 +108,11 @@ class ReplayTarget:
     n_ctx = 1 << 20
     mtp_layers = 0  # the recorded target is replayed without a head of its own
 
-    def __init__(self, n_vocab: int, eos: int, cost: Callable[[int], float], clock: Clock) -> None:
+    def __init__(self, n_vocab: int, eos: int, cost: Callable[[int], float], clock: Clock,
+                 noise: Callable[[], float] | None = None) -> None:
         self.n_vocab, self.eos, self.cost, self.clock = n_vocab, eos, cost, clock
+        self.noise = noise  # a factor on each pass's time, as a busy machine's timings stray (spread.py)
+        self.recorded_s = 0.0  # the passes' recorded seconds, whatever the noise made of them
         self.tokens: list[int] = []
         self.truth: list[int] = []
 
@@ -132,7 +135,9 @@ class ReplayTarget:
     def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None, prefill: bool = False) -> np.ndarray:
         self.tokens.extend(tokens)
         if not prefill:
-            self.clock.now += self.cost(len(tokens))
+            seconds = self.cost(len(tokens))
+            self.recorded_s += seconds
+            self.clock.now += seconds * (self.noise() if self.noise is not None else 1.0)
         rows = np.zeros((n_logits, self.n_vocab), dtype=np.float32)
         last = len(self.truth) - 1
         for i, position in enumerate(range(len(self.tokens) - n_logits + 1, len(self.tokens) + 1)):
@@ -150,7 +155,7 @@ class ReplayTarget:
         return 0.0
 
     def another_context(self) -> ReplayTarget:
-        other = ReplayTarget(self.n_vocab, self.eos, self.cost, self.clock)
+        other = ReplayTarget(self.n_vocab, self.eos, self.cost, self.clock, self.noise)
         other.truth = self.truth
         return other
 
@@ -179,10 +184,12 @@ class Replay:
         with open(path) as handle:
             return cls(json.load(handle))
 
-    def decoder(self, method: str = "auto", history: HistoryStore | None = None) -> SpeculativeDecoder:
+    def decoder(self, method: str = "auto", history: HistoryStore | None = None,
+                noise: Callable[[], float] | None = None) -> SpeculativeDecoder:
         """One per session, as bench keeps its decoders across prompts, remembering the recorded pass costs
-        and warmed up as bench warms them up (its first measurements of one-token passes)."""
-        target = ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock)
+        and warmed up as bench warms them up (its first measurements of one-token passes); ``noise``: see
+        ``ReplayTarget``."""
+        target = ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock, noise)
         decoder = SpeculativeDecoder(target, method=method, history=history, clock=self.clock)
         decoder.controller.remember(self.remembered)
         answers = history or HistoryStore(None)  # the warm-up learns nothing, as in bench
