@@ -169,6 +169,19 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     assert by["all", spec.label]["acceptance_rate"] == pytest.approx(12 / 24, abs=1e-4)
 
 
+def test_localspec_rows_give_acceptance_per_draft_position_pooled_over_runs():
+    base, mine = stock.STOCK_BASELINE, stock.Engine("localspec lookup k=auto")
+    edit = BenchPrompt("code-edit", "a", ("p",))
+    drafting = [  # drafts of 2 and 1 tokens, then of 3 and 1
+        replace(_run(30.0, "same", 3, 2), position_drafted=(2, 1), position_accepted=(1, 1)),
+        replace(_run(30.0, "same", 4, 3), position_drafted=(2, 1, 1), position_accepted=(2, 1, 0)),
+    ]
+    rounds = [Round(edit, {base.label: _run(20.0), mine.label: run}) for run in drafting]
+    by = {r["engine"]: r for r in stock.build_rows(StockResult([base, mine], rounds, max_tokens=100))}
+    assert by[mine.label]["per_position_acceptance"] == [0.75, 1.0, 0.0]
+    assert by[base.label]["per_position_acceptance"] is None
+
+
 def test_a_completion_is_measured_against_stock_llama_server_and_only_there():
     server, completion_tool, mine = stock.STOCK_SERVER, stock.STOCK_BASELINE, stock.Engine("localspec none")
     fim = BenchPrompt("completion", "c", (), fim=FimRequest("a", "b"))
@@ -282,6 +295,10 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     assert "choosing each token (its sampler chain)" in result.output
     drafting = [r for r in rows if r["engine"] in ("stock draft-simple", "localspec draft k=auto")]
     assert all(r["drafted"] > 0 for r in drafting)
+    # Acceptance per draft position where the engine reports it: localspec's, not stock's tools' totals.
+    assert all(r["per_position_acceptance"] for r in drafting if not r["stock"])
+    assert all(r["per_position_acceptance"] is None for r in rows if r["stock"])
+    assert "localspec draft k=auto accepted by draft position" in result.output
     assert "vs stock llama.cpp" in result.output
     # What localspec's decoders measured of the passes is kept for the sessions after it.
     (remembered,) = json.loads(paths.pass_costs_file().read_text()).values()

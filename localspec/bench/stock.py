@@ -48,6 +48,8 @@ JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target`
      "decode_ratio": float, "prefill_ratio": float,   # to stock llama-completion in the same round: per prompt
                                                       # the median, then the geometric mean over prompts
      "drafted": int | null, "accepted": int | null, "acceptance_rate": float | null,  # pooled; null: no drafts
+     "per_position_acceptance": [float, ...] | null,  # P(draft position i accepted | reached), pooled; null
+                                                      # where the tool does not say (stock's print totals)
      "decoded_tokens": float,                         # tokens the decode rate counts, per answer
      "past_budget": float,                            # of those, decoded past max_tokens (a draft accepted
                                                       # past -n: the rate and acceptance count it)
@@ -159,6 +161,9 @@ class EngineRun:
     accepted: int | None = None
     stopped: bool = False  # ended with an end-of-generation token, not at the token budget
     choosing_s: float = 0.0  # of decode_s, the time spent choosing tokens apart from the passes (stock's sampler)
+    # Drafts that reached position i, and were accepted there (localspec's engines; stock's tools print totals).
+    position_drafted: tuple[int, ...] = ()
+    position_accepted: tuple[int, ...] = ()
 
     @property
     def decode_tok_per_s(self) -> float | None:
@@ -420,6 +425,8 @@ class StockComparison:
                 drafted=stats.drafted if drafts else None,
                 accepted=stats.accepted if drafts else None,
                 stopped=stats.stop_reason == StopReason.EOS,
+                position_drafted=tuple(stats.per_position_drafted),
+                position_accepted=tuple(stats.per_position_accepted),
             )
         if engine.tool == STOCK_SERVER.tool:
             if engine not in self._servers:
@@ -683,6 +690,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         "drafted": drafted if any(run.drafted is not None for run in runs) else None,
         "accepted": accepted if any(run.accepted is not None for run in runs) else None,
         "acceptance_rate": _round(accepted / drafted, 4) if drafted else None,
+        "per_position_acceptance": _per_position(runs),
         "decoded_tokens": _round(_mean(per_prompt(lambda r: r.runs[label].decode_tokens)), 1),
         "past_budget": _round(_mean(per_prompt(lambda r: max(0, r.runs[label].decode_tokens - max_tokens))), 1),
         "choosing_share": _round(_mean(per_prompt(
@@ -702,6 +710,15 @@ def write_json(path: Path, rows: list[dict], meta: dict) -> None:
 def _gpu_layers(n: int) -> str:
     """localspec's layer count (negative: all) as the stock tools' -ngl takes it (-1 there means "auto")."""
     return "all" if n < 0 else str(n)
+
+
+def _per_position(runs: list[EngineRun]) -> list[float] | None:
+    """P(draft position i accepted | reached), pooled over runs; None where no run reports positions. A draft
+    is judged up to its first rejection, so positions no draft reached (counted 0) are left out."""
+    positions = max((len(run.position_drafted) for run in runs), default=0)
+    reached = [sum(run.position_drafted[i] for run in runs if i < len(run.position_drafted)) for i in range(positions)]
+    kept = [sum(run.position_accepted[i] for run in runs if i < len(run.position_accepted)) for i in range(positions)]
+    return [_round(k / r, 4) for k, r in zip(kept, reached) if r] or None
 
 
 def _mean(values: list[float]) -> float | None:

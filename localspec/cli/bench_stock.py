@@ -89,6 +89,10 @@ def compare_with_llama_cpp(
             f"stock llama-completion's decode includes choosing each token (its sampler chain): {share:.1%} of it; "
             f"against its passes alone, every decode ratio above is {1 - share:.3f} times as large"
         )
+    for row in stock.overall_rows(rows):
+        if row["per_position_acceptance"]:  # localspec's engines; stock's tools print totals only
+            positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:POSITIONS_SHOWN])
+            out.prose(f"{row['engine']} accepted by draft position (1, 2, ...), {row['workload']}: {positions}")
     for row in rows:
         if not stock.reference(row["engine"]) and not row["identical"]:
             out.prose(f"  {row['workload']}, {row['engine']} {_difference(row)}")
@@ -112,6 +116,7 @@ def compare_with_llama_cpp(
 
 
 PAST_BUDGET = "†"
+POSITIONS_SHOWN = 6
 
 
 def _table(title: str, rows: list[dict]) -> Table:
