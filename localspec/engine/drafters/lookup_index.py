@@ -235,8 +235,12 @@ class PromptLookupIndex:
         # Copy what followed the match. A copy that runs into the present means the text repeats with
         # period size - start, so keep repeating it (as an overlapping LZ77 copy would).
         copy = tokens[start : start + count]
+        if len(copy) < count:
+            copy = (copy * -(-count // len(copy)))[:count]
+        if not replace:
+            return copy
         draft = []
-        for token in (copy * -(-count // len(copy)))[:count]:
+        for token in copy:
             draft.append(replace.get(token, token))
             if token in replace and token not in renames:
                 break

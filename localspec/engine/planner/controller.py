@@ -34,7 +34,7 @@ from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.drafters.registry import AUTO, DEFAULT_METHOD, DRAFTERS, check_method, uses
 from localspec.engine.llama.kernels import MAX_VERIFY_BATCH
 from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
-from localspec.engine.planner.estimates import Acceptance, MatchAcceptance, expected_tokens
+from localspec.engine.planner.estimates import Acceptance, MatchAcceptance, expected_tokens, running_expected_tokens
 from localspec.engine.tokens import common_prefix_length
 from localspec.errors import UsageError
 
@@ -272,6 +272,9 @@ class Controller:
         checkpoint and, should the draft be rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
         overhead = costs.round_overhead(True)
+        if window is None and not step_cost:  # a copy on a KV cache: the pass and the overhead (most rounds)
+            one, curve = costs.one, costs.relative_curve(len(rates) + 1)
+            return [one * relative + overhead for relative in curve[2 : len(rates) + 2]]
         seconds = []
         reach, restore = 1.0, 0.0
         for k in range(1, len(rates) + 1):
@@ -287,11 +290,13 @@ class Controller:
 
     def best_plan(self, source: str, rates: Sequence[float], step_cost: float, offer: Offer | None) -> Plan:
         """The k with the highest expected rate; ``rates[i]``: P(draft token i accepted | those before were)."""
-        totals = expected_tokens(rates)
         model = self._models.get(source)
         seconds = self._seconds(rates, step_cost, model is not None and model.block)
-        k = max(range(1, len(rates) + 1), key=lambda k: totals[k] / seconds[k - 1])
-        return Plan(source, k, totals[k], totals[k] / seconds[k - 1], offer)
+        best_k, best_tokens, best_rate = 0, 0.0, -1.0
+        for k, (tokens, round_s) in enumerate(zip(running_expected_tokens(rates), seconds), 1):
+            if tokens / round_s > best_rate:
+                best_k, best_tokens, best_rate = k, tokens, tokens / round_s
+        return Plan(source, best_k, best_tokens, best_rate, offer)
 
     def target_alone_rate(self) -> float:
         """Tokens per second of the target alone, as measured."""

@@ -114,6 +114,7 @@ class Costs:
         # Pass costs relative to a one-token pass, as priced: they change only when a larger pass is
         # measured, and planning prices up to 64 sizes every round.
         self._priced: dict[int, float] = {}
+        self._curve: list[float] = [0.0]  # the same, by size from 0 up, as far as asked (relative_curve)
         # A large prefill, as a verification of its size would cost: where long drafts are not measured yet,
         # what they may cost (a hint, never remembered as a measurement).
         self._anchor: tuple[int, float] | None = None
@@ -148,14 +149,18 @@ class Costs:
         a hint: so priced, a prefill still comes to less than a verification of its size."""
         rows = batch_size * (1.0 - output_share) + output_share
         self._anchor = (batch_size, seconds * batch_size / rows)
+        self._reprice()
+
+    def _reprice(self) -> None:
         self._priced.clear()
+        del self._curve[1:]
 
     def one_token_samples(self) -> int:
         return len(self._pass_samples.get(1, ()))
 
     def _add_sample(self, batch_size: int, value: float) -> float:
         if batch_size != 1:
-            self._priced.clear()
+            self._reprice()
         samples = self._pass_samples.setdefault(batch_size, RecentMedian())
         if len(samples) == COST_WINDOW:
             self._remembered.discard(batch_size)  # a remembered cost is the first sample in: it rolls out first
@@ -228,6 +233,17 @@ class Costs:
         if relative is None:
             relative = self._priced[batch_size] = self._price(batch_size)
         return one * relative
+
+    def relative_curve(self, largest: int) -> list[float]:
+        """Pass costs relative to a one-token pass for batch sizes 0..``largest`` (index = size; 0 unused),
+        as ``pass_cost`` prices them: planning reads a whole curve every round."""
+        curve = self._curve
+        for batch_size in range(len(curve), largest + 1):
+            relative = self._priced.get(batch_size)
+            if relative is None:
+                relative = self._priced[batch_size] = self._price(batch_size)
+            curve.append(relative)
+        return curve
 
     def _price(self, batch_size: int) -> float:
         """A pass of ``batch_size`` relative to a one-token pass (every estimate scales with it)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from localspec.engine.decoding.stats import judged
 
@@ -36,12 +36,16 @@ HOPEFUL_SIGMAS = 2.0
 def expected_tokens(rates: Sequence[float]) -> list[float]:
     """Expected tokens one round yields for each draft length 0..len(rates); ``rates[i]``: P(draft token
     i accepted | those before it were). The target's own token always comes."""
-    totals = [1.0]
-    reach = 1.0
+    return [1.0, *running_expected_tokens(rates)]
+
+
+def running_expected_tokens(rates: Iterable[float]) -> Iterator[float]:
+    """``expected_tokens`` for draft lengths 1, 2, ... as they are summed (planning prices 64 every round)."""
+    total = reach = 1.0
     for rate in rates:
         reach *= rate
-        totals.append(totals[-1] + reach)
-    return totals
+        total += reach
+        yield total
 
 
 class Acceptance:
