@@ -212,10 +212,29 @@ def test_written_off_option_is_retried_after_a_while():
 
 
 def test_on_a_gpu_even_a_poor_lookup_pays():
-    """Verification is nearly free there, so a 10% acceptance is still worth a draft."""
+    """Verification is nearly free there, so a 10% acceptance is still worth a draft (with its estimate
+    half a standard deviation lower too)."""
     controller = measured(GPU, method="auto")
-    teach(controller, "lookup", 1, 0.1)
-    assert choose(controller, lookup_available=8, lookup_match_len=1).source == "lookup"
+    for i in range(50):
+        offer = copy_offer("lookup", 8, 1)
+        controller.plan([offer])
+        accepted = int(i % 10 == 5)
+        controller.record_round("lookup", 8, accepted, offer.tokens[:accepted] + [NOT_OFFERED])
+    assert controller.acceptance("lookup", 1) == pytest.approx(0.1, abs=0.02)
+    plan = choose(controller, lookup_available=8, lookup_match_len=1)
+    assert (plan.source, plan.explored) == ("lookup", False)
+
+
+def test_a_bet_whose_edge_is_within_what_its_estimate_is_unsure_of_is_not_made():
+    """Offers right 7 times in 10: after 10 of them the estimate (0.60) beats the 0.55 this curve needs to
+    break even, but not half a standard deviation lower, so auto does not bet on it (it may probe it,
+    within exploration's budget); after 30 the estimate is sure enough, and it bets."""
+    for rounds, bets in ((10, False), (30, True)):
+        controller = measured(CPU, method="auto")
+        offer_short_copies(controller, right_in_ten=7, rounds=rounds)
+        assert controller.acceptance("lookup", 2) > 0.58
+        plan = choose(controller, lookup_available=1, lookup_match_len=2)
+        assert (plan.source == "lookup" and not plan.explored) == bets
 
 
 def test_fixed_methods_and_lengths():

@@ -62,16 +62,19 @@ class Acceptance:
 
     @property
     def hopeful(self) -> float:
-        return self.hopeful_from(self.prior)
+        """The rate plus HOPEFUL_SIGMAS standard deviations: what it might still turn out to be."""
+        return self.bound_from(self.prior, HOPEFUL_SIGMAS)
 
     def rate_from(self, prior: float) -> float:
         """The estimate, starting from ``prior`` rather than its own."""
         return (prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
 
-    def hopeful_from(self, prior: float) -> float:
-        """The rate plus HOPEFUL_SIGMAS standard deviations: what it might still turn out to be."""
+    def bound_from(self, prior: float, sigmas: float) -> float:
+        """The rate, starting from ``prior``, plus ``sigmas`` standard deviations of the estimate (minus,
+        where negative), within 0..1."""
         rate = self.rate_from(prior)
-        return min(1.0, rate + HOPEFUL_SIGMAS * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged)))
+        bound = rate + sigmas * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged))
+        return min(1.0, max(0.0, bound))
 
     def record(self, drafted: int, accepted: int) -> None:
         self.accepted += accepted
@@ -102,8 +105,9 @@ class MatchAcceptance:
     def at(self, match_len: int) -> Acceptance:
         return self.buckets[self._lengths[self._bucket(match_len)]]
 
-    def _estimates(self, hopeful: bool = False) -> list[float]:
-        """Each bucket's rate (or hopeful rate), shortest first, its prior following the bucket below."""
+    def _estimates(self, sigmas: float = 0.0) -> list[float]:
+        """Each bucket's rate (plus ``sigmas`` standard deviations), shortest first, its prior following the
+        bucket below."""
         estimates, below = [], None
         for length in self._lengths:
             bucket = self.buckets[length]
@@ -112,18 +116,19 @@ class MatchAcceptance:
                 shorter, shorter_rate = below
                 prior = min(prior, 1.0 - (1.0 - shorter_rate) * (1.0 - prior) / (1.0 - shorter.prior))
             rate = bucket.rate_from(prior)
-            estimates.append(bucket.hopeful_from(prior) if hopeful else rate)
+            estimates.append(bucket.bound_from(prior, sigmas) if sigmas else rate)
             below = (bucket, rate)
         return estimates
 
     def rate(self, match_len: int) -> float:
         return self._estimates()[self._bucket(match_len)]
 
-    def rates(self, match_len: int, k_max: int, *, hopeful: bool = False) -> list[float]:
+    def rates(self, match_len: int, k_max: int, *, sigmas: float = 0.0) -> list[float]:
         """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
-        copy in progress is expected to run on longer the further it has already run."""
+        copy in progress is expected to run on longer the further it has already run. ``sigmas``: each
+        estimate plus that many of its standard deviations (hopeful, or where negative cautious)."""
         lengths, rates = self._lengths, []
-        estimates = self._estimates(hopeful)
+        estimates = self._estimates(sigmas)
         # Bucket by bucket: planning asks for up to 64 positions every round.
         i = self._bucket(match_len)
         while len(rates) < k_max:
