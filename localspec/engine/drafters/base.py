@@ -59,7 +59,7 @@ COPY = "copy"  # free to draft; acceptance per match length, per draft position
 MODEL = "model"  # drafting costs a pass per token (or one per block) and a catch-up; one acceptance estimate
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RoundState:
     """What a drafter may look at in one round."""
 
@@ -70,7 +70,7 @@ class RoundState:
     constraint: GrammarConstraint | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Offer:
     """What a drafter could draft now; the planner prices it by ``source`` and the evidence."""
 

@@ -62,7 +62,7 @@ CAUTION_SIGMAS = 0.5
 PROBE_MAX = 4
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Plan:
     source: str  # the drafter's source to draft from, or TARGET_ALONE
     k: int  # tokens to draft (0 for the target alone)

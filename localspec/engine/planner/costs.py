@@ -111,10 +111,9 @@ class Costs:
         self._relative: dict[int, float] = {}  # larger passes relative to a one-token pass
         self._sizes: list[int] = []  # the measured batch sizes, sorted
         self._unscaled: list[tuple[int, float]] = []  # passes measured before any one-token pass
-        # Pass costs relative to a one-token pass, as priced: they change only when a larger pass is
-        # measured, and planning prices up to 64 sizes every round.
-        self._priced: dict[int, float] = {}
-        self._curve: list[float] = [0.0]  # the same, by size from 0 up, as far as asked (relative_curve)
+        # Pass costs relative to a one-token pass by size from 0 up, as priced and as far as asked
+        # (relative_curve): they change only when a larger pass is measured.
+        self._curve: list[float] = [0.0]
         # A large prefill, as a verification of its size would cost: where long drafts are not measured yet,
         # what they may cost (a hint, never remembered as a measurement).
         self._anchor: tuple[int, float] | None = None
@@ -152,7 +151,6 @@ class Costs:
         self._reprice()
 
     def _reprice(self) -> None:
-        self._priced.clear()
         del self._curve[1:]
 
     def one_token_samples(self) -> int:
@@ -229,56 +227,62 @@ class Costs:
         one = self.one
         if one is None:
             return None
-        relative = self._priced.get(batch_size)
-        if relative is None:
-            relative = self._priced[batch_size] = self._price(batch_size)
-        return one * relative
+        curve = self._curve
+        if batch_size < len(curve):
+            return one * curve[batch_size]
+        if batch_size <= MAX_VERIFY_BATCH:
+            return one * self.relative_curve(batch_size)[batch_size]
+        return one * self._price_sizes(batch_size, batch_size)[0]
 
     def relative_curve(self, largest: int) -> list[float]:
         """Pass costs relative to a one-token pass for batch sizes 0..``largest`` (index = size; 0 unused),
-        as ``pass_cost`` prices them: planning reads a whole curve every round."""
+        as ``pass_cost`` prices them (``largest`` at most MAX_VERIFY_BATCH). Kept until a pass of more than
+        one token is measured: planning reads the curve every round."""
         curve = self._curve
-        for batch_size in range(len(curve), largest + 1):
-            relative = self._priced.get(batch_size)
-            if relative is None:
-                relative = self._priced[batch_size] = self._price(batch_size)
-            curve.append(relative)
+        if len(curve) <= largest:
+            curve += self._price_sizes(len(curve), largest)
         return curve
 
-    def _price(self, batch_size: int) -> float:
-        """A pass of ``batch_size`` relative to a one-token pass (every estimate scales with it)."""
-        measured = self._relative.get(batch_size)
-        if measured is not None and (batch_size == 1 or self._trusted(batch_size)):
-            return measured
-        estimate = self._estimate_pass(batch_size)
-        # A size measured once or twice may have been slowed by another process: a guess from the other
-        # sizes keeps it in use until more samples settle it.
-        return estimate if measured is None else min(measured, estimate)
-
-    def _estimate_pass(self, batch_size: int) -> float:
-        sizes, relative = self._sizes, self._relative
-        i = bisect.bisect_left(sizes, batch_size)
-        below = sizes[i - 1]
-        if i < len(sizes) and sizes[i] == batch_size:
-            i += 1
-        above = sizes[i] if i < len(sizes) else None
-        if above is None and self._anchor is not None and self._anchor[0] >= batch_size:
-            above = self._anchor[0]
-            relative = {**relative, above: self._anchor[1] / self.one}
-        low = relative[below]
-        # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
-        slope = PRIOR_BATCH_SLOPE
-        if below >= MIN_SLOPE_BATCH:
-            slope = (low - 1.0) / (below - 1)
-        if above is None:
-            return low + slope * (batch_size - below)
-        high = relative[above]
-        reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
-        estimate = min(low + slope * (min(batch_size, reach) - below), high)
-        if batch_size > reach:
-            estimate += (batch_size - reach) / (above - reach) * (high - estimate)
-        # Where the measured sizes show costs rising faster than that, the straight line between them.
-        return max(estimate, low + (batch_size - below) / (above - below) * (high - low))
+    def _price_sizes(self, first: int, last: int) -> list[float]:
+        """Passes of ``first``..``last`` tokens relative to a one-token pass, as ``pass_cost`` says: a
+        trusted measurement, else the estimate (below a size measured once or twice, which may have been
+        slowed by another process: a guess from the other sizes keeps it in use until more samples settle
+        it). Sizes are walked in order, so each stretch between measured sizes is set up once."""
+        sizes, relative, anchor = self._sizes, self._relative, self._anchor
+        prices = []
+        i = bisect.bisect_left(sizes, first)
+        stretch = None
+        for batch_size in range(first, last + 1):
+            while i < len(sizes) and sizes[i] < batch_size:
+                i += 1
+            measured = relative.get(batch_size)
+            if measured is not None and (batch_size == 1 or self._trusted(batch_size)):
+                prices.append(measured)
+                continue
+            # The measured sizes either side (itself left out where measured but not trusted).
+            below = sizes[i - 1]
+            j = i + 1 if i < len(sizes) and sizes[i] == batch_size else i
+            above = sizes[j] if j < len(sizes) else None
+            if above is None and anchor is not None and anchor[0] >= batch_size:
+                above = anchor[0]
+            if stretch != (below, above):  # a new stretch between measured sizes
+                stretch = (below, above)
+                low = relative[below]
+                # The step from one token to two is the steepest on a CPU, so it alone does not set the slope.
+                slope = PRIOR_BATCH_SLOPE if below < MIN_SLOPE_BATCH else (low - 1.0) / (below - 1)
+                if above is not None:
+                    high = relative[above] if j < len(sizes) else anchor[1] / self.one
+                    reach = min(above, 2 * max(below, MIN_SLOPE_BATCH))
+            if above is None:
+                estimate = low + slope * (batch_size - below)
+            else:
+                estimate = min(low + slope * (min(batch_size, reach) - below), high)
+                if batch_size > reach:
+                    estimate += (batch_size - reach) / (above - reach) * (high - estimate)
+                # Where the measured sizes show costs rising faster than that, the straight line between them.
+                estimate = max(estimate, low + (batch_size - below) / (above - below) * (high - low))
+            prices.append(estimate if measured is None else min(measured, estimate))
+        return prices
 
     # -- the rest of a round ---------------------------------------------------------------------
     def record_checkpoint(self, seconds: float) -> None:
