@@ -173,10 +173,11 @@ def test_a_drafting_rounds_own_work_is_priced_apart_from_a_target_alone_rounds()
     than a target-alone round's; priced at the blended figure, a bet that loses beside the target alone
     looks like a win."""
     controller = measured(CPU, method="auto")
-    offer_short_copies(controller, right_in_ten=6)  # a thin edge
+    offer_short_copies(controller, right_in_ten=7)  # a thin edge, but a sure one
     for _ in range(COST_WINDOW):
         controller.costs.record_overhead(0.0002, drafted=False)
-    assert choose(controller, lookup_available=1, lookup_match_len=2).source == "lookup"
+    plan = choose(controller, lookup_available=1, lookup_match_len=2)
+    assert (plan.source, plan.explored) == ("lookup", False)
     for _ in range(COST_WINDOW):  # each drafting round's own work costs a tenth of a pass more
         controller.costs.record_overhead(0.0002 + CPU[1] / 10, drafted=True)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"

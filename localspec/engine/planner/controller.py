@@ -54,8 +54,9 @@ MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus th
 DEFAULT_DRAFT_MAX = 16
 # An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
 MIN_EXPECTED_REMAINING = 32
-# Exploration may lose at most this share of the time the target alone would take for an answer's tokens.
-EXPLORE_SHARE = 0.01
+# Exploration may lose at most this share of the time the target alone would take for an answer's tokens:
+# well inside the 1% auto may lose where nothing pays (replayed, 1% and 0.5% found the same copies).
+EXPLORE_SHARE = 0.005
 # A copy bet must beat the target alone with its acceptance estimates this many standard deviations lower.
 CAUTION_SIGMAS = 0.5
 # A probe drafts at most this many tokens: it measures the short match it starts from, at little cost.
