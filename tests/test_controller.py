@@ -8,7 +8,7 @@ import pytest
 from localspec.engine.decoding.acceptance import verify_sampled
 from localspec.engine.decoding.sampling import sample
 from localspec.engine.drafters.base import Offer
-from localspec.engine.planner.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, Controller
+from localspec.engine.planner.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, REPRICE_ROUNDS, Controller
 from localspec.engine.planner.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
 from localspec.engine.planner.estimates import expected_tokens
 from localspec.errors import UsageError
@@ -135,6 +135,28 @@ def test_draft_model_loses_on_cpu_and_wins_on_gpu():
     teach(gpu, "draft", 1, 0.75)
     plan = choose(gpu, lookup_available=0, lookup_match_len=0)
     assert plan.source == "draft" and plan.k >= 3
+
+
+def test_a_draft_model_that_cannot_pay_is_priced_again_when_the_pass_curve_changes_or_after_a_while():
+    """Unused, its acceptance and step cost stay as they were: it is priced again as soon as a pass of
+    several tokens is measured (here verifications turn out nearly free), and else after REPRICE_ROUNDS
+    (here the machine slows the target, not the measured draft step)."""
+    controller = measured(CPU, method="auto", has_draft_model=True, draft_cost_ratio=0.57)
+    teach(controller, "draft", 1, 0.75)
+    assert choose(controller).source == "none"
+    for _ in range(COST_WINDOW):
+        for batch, seconds in GPU.items():
+            controller.costs.record_pass(batch, seconds * CPU[1] / GPU[1])
+    assert choose(controller).source == "draft"
+
+    controller = measured(CPU, method="auto", has_draft_model=True, draft_cost_ratio=0.57)
+    teach(controller, "draft", 1, 0.75)
+    controller.record_draft("draft", 0, 0.0, 4, 4 * CPU[1] * 0.57)
+    assert choose(controller).source == "none"
+    for _ in range(COST_WINDOW):
+        controller.costs.record_pass(1, CPU[1] * 3)
+    plans = [choose(controller).source for _ in range(REPRICE_ROUNDS)]
+    assert plans == ["none"] * (REPRICE_ROUNDS - 1) + ["draft"]
 
 
 def test_measured_draft_step_cost_overrides_the_prior():

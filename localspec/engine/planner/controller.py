@@ -57,6 +57,10 @@ MIN_EXPECTED_REMAINING = 32
 # Exploration may lose at most this share of the time the target alone would take for an answer's tokens:
 # well inside the 1% auto may lose where nothing pays (replayed, 1% and 0.5% found the same copies).
 EXPLORE_SHARE = 0.005
+# A model drafter that cannot beat the target alone is priced again after this many rounds, or sooner when
+# the target's pass curve changes: unused, its acceptance and step costs stay as they were, and only the
+# target's one-token pass and round overheads, which drift slowly, move its price in between.
+REPRICE_ROUNDS = 16
 # A copy bet must beat the target alone with its acceptance estimates this many standard deviations lower.
 CAUTION_SIGMAS = 0.5
 # A probe drafts at most this many tokens: it measures the short match it starts from, at little cost.
@@ -93,6 +97,10 @@ class _ModelDrafter:
         self.block = block  # one pass drafts a block: its step is a one-row pass, scaled like the target's
         self.off: str | None = None  # why auto no longer uses it, once it has given up
         self.declined: str | None = None  # why auto passed over it last time
+        # When it could not beat the target alone: (the pass curve's version, the draft cap) it was priced
+        # at, and the round from which it is priced again whatever they are.
+        self.priced_out: tuple[int, int] | None = None
+        self.reprice_at = 0
 
 
 class Controller:
@@ -156,6 +164,7 @@ class Controller:
         self._probe_pending = False  # the last plan was a probe: its round's outcome prices it
         self._probe_floor = 0.0  # the cheapest probe's expected loss when none was affordable
         self._copy_offers: list[Offer] = []  # this round's copy offers, judged by what the round emits
+        self._planned = 0  # rounds planned, over the session
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -335,15 +344,21 @@ class Controller:
         """The model drafter's plan for auto if it beats ``rival`` this round and repays its catch-up; else
         None, with the reason kept for ``draft_status``."""
         model = self._models[offer.source]
+        cap = min(self.draft_max, offer.available)
+        priced_at = (self.costs.curve_version, cap)
+        if model.priced_out == priced_at and self._planned < model.reprice_at:
+            return None  # still cannot beat the target alone (REPRICE_ROUNDS)
+        model.priced_out = None
         step = self.costs.step_cost(model.costs)
         rate = model.acceptance.rate
-        best = self.best_plan(offer.source, [rate] * min(self.draft_max, offer.available), step, offer)
+        best = self.best_plan(offer.source, [rate] * cap, step, offer)
         measured = "measured" if model.costs.step_s is not None else "expected"
         none = self.target_alone_rate()
         if best.expected_rate <= rival.expected_rate:
             if best.expected_rate > none:
                 model.declined = "not used at the latest choice: prompt lookup was expected to do better"
                 return None
+            model.priced_out, model.reprice_at = priced_at, self._planned + REPRICE_ROUNDS
             model.declined = (
                 f"not used: at {rate:.0%} acceptance and a step of {step / self.costs.one:.2f} target steps "
                 f"({measured}), drafting would run at {best.expected_rate / none:.2f}x the target alone"
@@ -408,6 +423,7 @@ class Controller:
             generated, remaining: tokens of the answer so far and left in its budget (None: unbounded).
         """
         method = self.method
+        self._planned += 1
         if method == TARGET_ALONE:
             return _target_only(Idle.METHOD_NONE)
         if self.speculation_off is not None:

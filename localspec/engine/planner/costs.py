@@ -114,6 +114,7 @@ class Costs:
         # Pass costs relative to a one-token pass by size from 0 up, as priced and as far as asked
         # (relative_curve): they change only when a larger pass is measured.
         self._curve: list[float] = [0.0]
+        self.curve_version = 0  # counts the times it was priced afresh
         # A large prefill, as a verification of its size would cost: where long drafts are not measured yet,
         # what they may cost (a hint, never remembered as a measurement).
         self._anchor: tuple[int, float] | None = None
@@ -152,6 +153,7 @@ class Costs:
 
     def _reprice(self) -> None:
         del self._curve[1:]
+        self.curve_version += 1
 
     def one_token_samples(self) -> int:
         return len(self._pass_samples.get(1, ()))
