@@ -54,9 +54,10 @@ MAX_DRAFT_LEN = MAX_VERIFY_BATCH - 1  # a verification is the last token plus th
 DEFAULT_DRAFT_MAX = 16
 # An answer that has run n tokens is expected to run about n more (at least this many, at most the budget).
 MIN_EXPECTED_REMAINING = 32
-# Exploration may lose at most this share of the time the target alone would take for an answer's tokens:
-# well inside the 1% auto may lose where nothing pays (replayed, 1% and 0.5% found the same copies).
-EXPLORE_SHARE = 0.005
+# Exploration may lose at most this share of the time the target alone would take for an answer's tokens.
+# Half of it was tried: bench --quick's completion slice (which follows new code, whose copies fail) then
+# ran at 0.88-0.96x of lookup in 4 runs of 4 on the 2-core Intel Xeon, 1.01x with this share.
+EXPLORE_SHARE = 0.01
 # A model drafter that cannot beat the target alone is priced again after this many rounds, or sooner when
 # the target's pass curve changes: unused, its acceptance and step costs stay as they were, and only the
 # target's one-token pass and round overheads, which drift slowly, move its price in between.
