@@ -20,8 +20,9 @@ def test_a_round_judges_drafts_up_to_the_first_rejection():
 
 def test_per_position_acceptance_counts_only_positions_reached():
     stats = _recorded([("lookup", 4, 1), ("lookup", 2, 2), ("draft", 3, 0)], tokens=8)
-    assert stats.per_position_drafted == [3, 2, 0, 0]
-    assert stats.per_position_accepted == [2, 1, 0, 0]
+    assert stats.per_position_drafted == [3, 2]  # no draft reached positions 3 and 4
+    assert stats.per_position_accepted == [2, 1]
+    assert stats.per_position_acceptance == [2 / 3, 1 / 2]
     assert stats.acceptance_rate == 3 / 9 and stats.mean_accepted_length == 8 / 3
 
 

@@ -713,12 +713,11 @@ def _gpu_layers(n: int) -> str:
 
 
 def _per_position(runs: list[EngineRun]) -> list[float] | None:
-    """P(draft position i accepted | reached), pooled over runs; None where no run reports positions. A draft
-    is judged up to its first rejection, so positions no draft reached (counted 0) are left out."""
+    """P(draft position i accepted | reached), pooled over runs; None where no run reports positions."""
     positions = max((len(run.position_drafted) for run in runs), default=0)
     reached = [sum(run.position_drafted[i] for run in runs if i < len(run.position_drafted)) for i in range(positions)]
     kept = [sum(run.position_accepted[i] for run in runs if i < len(run.position_accepted)) for i in range(positions)]
-    return [_round(k / r, 4) for k, r in zip(kept, reached) if r] or None
+    return [_round(k / r, 4) for k, r in zip(kept, reached)] or None
 
 
 def _mean(values: list[float]) -> float | None:

@@ -84,7 +84,8 @@ class GenerationStats:
     drafted_by_source: dict[str, int] = field(default_factory=dict)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     rounds_by_source: dict[str, int] = field(default_factory=dict)
-    # per_position_drafted[i] / per_position_accepted[i]: drafts that reached position i / were accepted there.
+    # per_position_drafted[i] / per_position_accepted[i]: drafts that reached position i / were accepted there
+    # (a position no draft reached is not listed).
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
@@ -118,10 +119,11 @@ class GenerationStats:
         self.accepted += accepted
         self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + drafted
         self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + accepted
-        while len(self.per_position_drafted) < drafted:
+        reached = judged(drafted, accepted)  # positions past the first rejection were never judged
+        while len(self.per_position_drafted) < reached:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
-        for i in range(judged(drafted, accepted)):
+        for i in range(reached):
             self.per_position_drafted[i] += 1
             if i < accepted:
                 self.per_position_accepted[i] += 1
@@ -164,7 +166,7 @@ class GenerationStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+        return [a / d for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
 
     @property
     def decode_s(self) -> float:
