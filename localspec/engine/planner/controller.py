@@ -26,7 +26,9 @@ also measures the pass it needs, which the cost curve of a new machine has not y
 A model drafter's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
 it, so in ``auto`` it is used only when its saving per token over the answer's expected remaining length
 exceeds that cost. Once its measured costs show it cannot beat the target alone even at a hopeful
-acceptance, ``auto`` leaves it off for the session and ``draft_status`` says why.
+acceptance, ``auto`` leaves it off for the session and ``draft_status`` says why. One that cannot beat the
+target alone at its estimate is priced again only when the target's pass curve changes or after
+``REPRICE_ROUNDS``: unused, its estimate and step cost stay as they were.
 """
 
 from __future__ import annotations
