@@ -169,6 +169,25 @@ def test_rows_give_rates_ratios_to_stock_in_the_same_round_acceptance_and_agreem
     assert by["all", spec.label]["acceptance_rate"] == pytest.approx(12 / 24, abs=1e-4)
 
 
+def test_rows_give_how_far_apart_runs_put_one_prompts_decode_ratio():
+    base, mine = stock.STOCK_BASELINE, stock.Engine("localspec auto k=auto")
+    edit, chat = BenchPrompt("code-edit", "a", ("p",)), BenchPrompt("chat", "b", ("q",))
+    rounds = [
+        Round(edit, {base.label: _run(20.0), mine.label: _run(24.0)}),
+        Round(edit, {base.label: _run(20.0), mine.label: _run(18.0)}),
+        Round(edit, {base.label: _run(10.0), mine.label: _run(10.5)}),
+        Round(chat, {base.label: _run(20.0), mine.label: _run(21.0)}),
+        Round(chat, {base.label: _run(20.0), mine.label: _run(20.0)}),
+    ]
+    rows = stock.build_rows(StockResult([base, mine], rounds, max_tokens=100))
+    by = {(r["workload"], r["engine"]): r for r in rows}
+    assert by["code-edit", mine.label]["decode_ratio"] == 1.05  # the median of 1.2, 0.9 and 1.05
+    assert by["code-edit", mine.label]["decode_ratio_range"] == [0.9, 1.2]
+    assert by["chat", mine.label]["decode_ratio_range"] == [1.0, 1.05]
+    assert by["all", mine.label]["decode_ratio_range"] == [0.9, 1.2]  # the prompt where runs lie furthest apart
+    assert by["code-edit", base.label]["decode_ratio_range"] == [1.0, 1.0]
+
+
 def test_localspec_rows_give_acceptance_per_draft_position_pooled_over_runs():
     base, mine = stock.STOCK_BASELINE, stock.Engine("localspec lookup k=auto")
     edit = BenchPrompt("code-edit", "a", ("p",))
@@ -299,6 +318,10 @@ def test_the_comparison_runs_every_engine_on_tiny_models(stock_bin, tiny_target,
     assert all(r["per_position_acceptance"] for r in drafting if not r["stock"])
     assert all(r["per_position_acceptance"] is None for r in rows if r["stock"])
     assert "localspec draft k=auto accepted by draft position" in result.output
+    # A slice of one prompt: its ratio, the median over runs, lies within what the runs gave.
+    one_prompt = [row for row in rows if row["workload"] != "all"]
+    assert all(low <= row["decode_ratio"] <= high for row in one_prompt for low, high in [row["decode_ratio_range"]])
+    assert "between runs, one prompt's decode ratio moved by up to" in result.output
     assert "vs stock llama.cpp" in result.output
     # What localspec's decoders measured of the passes is kept for the sessions after it.
     (remembered,) = json.loads(paths.pass_costs_file().read_text()).values()

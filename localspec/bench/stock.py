@@ -47,6 +47,8 @@ JSON (``--json FILE``), schema ``localspec-bench-stock/1``: ``model``, ``target`
      "decode_tok_per_s": float, "prefill_tok_per_s": float,   # per prompt the median over runs, then the mean
      "decode_ratio": float, "prefill_ratio": float,   # to stock llama-completion in the same round: per prompt
                                                       # the median, then the geometric mean over prompts
+     "decode_ratio_range": [float, float] | null,     # one run's decode ratio, lowest and highest over the runs
+                                                      # of the prompt where they lie furthest apart
      "drafted": int | null, "accepted": int | null, "acceptance_rate": float | null,  # pooled; null: no drafts
      "per_position_acceptance": [float, ...] | null,  # P(draft position i accepted | reached), pooled; null
                                                       # where the tool does not say (stock's print totals)
@@ -667,6 +669,12 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         mine, theirs = getattr(r.runs[label], rate), getattr(r.runs[base(r)], rate)
         return mine / theirs if mine and theirs else None
 
+    spreads = []  # per prompt, one run's decode ratio at its lowest and highest
+    for prompt_rounds in by_prompt.values():
+        ratios = [v for v in (ratio(r, "decode_tok_per_s") for r in prompt_rounds) if v is not None]
+        if ratios:
+            spreads.append((min(ratios), max(ratios)))
+    widest = max(spreads, key=lambda low_high: low_high[1] / low_high[0], default=None)
     runs = [r.runs[label] for r in rounds]
     drafted = sum(run.drafted or 0 for run in runs)
     accepted = sum(run.accepted or 0 for run in runs)
@@ -687,6 +695,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         "prefill_tok_per_s": _round(_mean(per_prompt(lambda r: r.runs[label].prefill_tok_per_s))),
         "decode_ratio": _round(_geomean(per_prompt(lambda r: ratio(r, "decode_tok_per_s"))), 3),
         "prefill_ratio": _round(_geomean(per_prompt(lambda r: ratio(r, "prefill_tok_per_s"))), 3),
+        "decode_ratio_range": None if widest is None else [_round(widest[0], 3), _round(widest[1], 3)],
         "drafted": drafted if any(run.drafted is not None for run in runs) else None,
         "accepted": accepted if any(run.accepted is not None for run in runs) else None,
         "acceptance_rate": _round(accepted / drafted, 4) if drafted else None,

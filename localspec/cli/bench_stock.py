@@ -93,6 +93,9 @@ def compare_with_llama_cpp(
         if row["per_position_acceptance"]:  # localspec's engines; stock's tools print totals only
             positions = " ".join(f"{x:.2f}" for x in row["per_position_acceptance"][:POSITIONS_SHOWN])
             out.prose(f"{row['engine']} accepted by draft position (1, 2, ...), {row['workload']}: {positions}")
+    spread = _spread(rows)
+    if spread:
+        out.prose(spread)
     for row in rows:
         if not stock.reference(row["engine"]) and not row["identical"]:
             out.prose(f"  {row['workload']}, {row['engine']} {_difference(row)}")
@@ -113,6 +116,26 @@ def compare_with_llama_cpp(
         }
         stock.write_json(json_path, rows, meta)
         err.print(f"wrote {json_path}")
+
+
+def _spread(rows: list[dict]) -> str | None:
+    """How far apart runs put one prompt's decode ratio, at the widest (the machine's noise in one run's
+    figure, which the table's medians over runs damp); None with one run."""
+    spreads = [
+        (row["decode_ratio_range"][1] / row["decode_ratio_range"][0], row)
+        for row in rows
+        if row["runs"] > 1 and row["decode_ratio_range"] and not stock.reference(row["engine"])
+        and row["workload"] != "all"
+    ]
+    if not spreads:
+        return None
+    widest, row = max(spreads, key=lambda spread: spread[0])
+    low, high = row["decode_ratio_range"]
+    return (
+        f"between runs, one prompt's decode ratio moved by up to {widest - 1:.0%} ({row['engine']}, "
+        f"{row['workload']}: {low:.2f}x-{high:.2f}x); the table gives each prompt's median over runs, --json "
+        "every row's range (decode_ratio_range)"
+    )
 
 
 PAST_BUDGET = "†"
