@@ -88,7 +88,7 @@ from localspec.bench.runner import (
 )
 from localspec.bench.workloads import BenchPrompt
 from localspec.engine.decoding.decoder import SpeculativeDecoder
-from localspec.engine.decoding.stats import StopReason
+from localspec.engine.decoding.stats import GenerationStats, StopReason
 from localspec.engine.drafters.mtp import MtpDrafter
 from localspec.engine.drafters.registry import method_missing
 from localspec.engine.llama.model import Model
@@ -654,13 +654,13 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         by_prompt.setdefault((r.prompt.workload, r.prompt.id), []).append(r)
     label = engine.label
 
+    def each_prompt(figure: Callable[[Round], float | None]) -> list[list[float]]:
+        """Per prompt, the figure of each run that has it (prompts with none left out)."""
+        values = ([v for v in map(figure, prompt_rounds) if v is not None] for prompt_rounds in by_prompt.values())
+        return [v for v in values if v]
+
     def per_prompt(figure: Callable[[Round], float | None]) -> list[float]:
-        medians = []
-        for prompt_rounds in by_prompt.values():
-            values = [v for v in map(figure, prompt_rounds) if v is not None]
-            if values:
-                medians.append(median(values))
-        return medians
+        return [median(values) for values in each_prompt(figure)]
 
     def base(r: Round) -> str:  # stock target alone in this round: llama-server for a completion
         return STOCK_SERVER.label if STOCK_SERVER.label in r.runs else STOCK_BASELINE.label
@@ -669,12 +669,10 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         mine, theirs = getattr(r.runs[label], rate), getattr(r.runs[base(r)], rate)
         return mine / theirs if mine and theirs else None
 
-    spreads = []  # per prompt, one run's decode ratio at its lowest and highest
-    for prompt_rounds in by_prompt.values():
-        ratios = [v for v in (ratio(r, "decode_tok_per_s") for r in prompt_rounds) if v is not None]
-        if ratios:
-            spreads.append((min(ratios), max(ratios)))
-    widest = max(spreads, key=lambda low_high: low_high[1] / low_high[0], default=None)
+    decode_ratios = each_prompt(lambda r: ratio(r, "decode_tok_per_s"))
+    # One run's decode ratio at its lowest and highest, on the prompt where runs lie furthest apart.
+    widest = max(((min(v), max(v)) for v in decode_ratios), key=lambda low_high: low_high[1] / low_high[0],
+                 default=None)
     runs = [r.runs[label] for r in rounds]
     drafted = sum(run.drafted or 0 for run in runs)
     accepted = sum(run.accepted or 0 for run in runs)
@@ -693,7 +691,7 @@ def _row(workload: str, rounds: list[Round], engine: Engine, max_tokens: int) ->
         "runs": len(rounds) // max(1, len(by_prompt)),
         "decode_tok_per_s": _round(_mean(per_prompt(lambda r: r.runs[label].decode_tok_per_s))),
         "prefill_tok_per_s": _round(_mean(per_prompt(lambda r: r.runs[label].prefill_tok_per_s))),
-        "decode_ratio": _round(_geomean(per_prompt(lambda r: ratio(r, "decode_tok_per_s"))), 3),
+        "decode_ratio": _round(_geomean([median(v) for v in decode_ratios]), 3),
         "prefill_ratio": _round(_geomean(per_prompt(lambda r: ratio(r, "prefill_tok_per_s"))), 3),
         "decode_ratio_range": None if widest is None else [_round(widest[0], 3), _round(widest[1], 3)],
         "drafted": drafted if any(run.drafted is not None for run in runs) else None,
@@ -722,11 +720,14 @@ def _gpu_layers(n: int) -> str:
 
 
 def _per_position(runs: list[EngineRun]) -> list[float] | None:
-    """P(draft position i accepted | reached), pooled over runs; None where no run reports positions."""
-    positions = max((len(run.position_drafted) for run in runs), default=0)
-    reached = [sum(run.position_drafted[i] for run in runs if i < len(run.position_drafted)) for i in range(positions)]
-    kept = [sum(run.position_accepted[i] for run in runs if i < len(run.position_accepted)) for i in range(positions)]
-    return [_round(k / r, 4) for k, r in zip(kept, reached)] or None
+    """P(draft position i accepted | reached), pooled over runs as localspec pools its own stats; None where no
+    run reports positions."""
+    pooled = GenerationStats.pooled(
+        GenerationStats(per_position_drafted=list(run.position_drafted),
+                        per_position_accepted=list(run.position_accepted))
+        for run in runs
+    )
+    return [_round(x, 4) for x in pooled.per_position_acceptance] or None
 
 
 def _mean(values: list[float]) -> float | None:
