@@ -247,16 +247,30 @@ def test_on_a_gpu_even_a_poor_lookup_pays():
     assert (plan.source, plan.explored) == ("lookup", False)
 
 
-def test_a_bet_the_estimate_says_pays_is_made_however_few_offers_it_rests_on():
+def test_a_one_token_bet_the_estimate_says_pays_is_made_however_few_offers_it_rests_on():
     """Offers right 7 times in 10: after 10 of them the estimate (0.60) beats the 0.55 this curve needs to
-    break even, and auto bets on it as it does after 30 (not as a probe: turning bets down until their
-    estimates were sure lost more than it saved, see the controller's docstring)."""
+    break even, and auto bets on it as it does after 30 (not as a probe): a one-token bet stakes one row."""
     for rounds in (10, 30):
         controller = measured(CPU, method="auto")
         offer_short_copies(controller, right_in_ten=7, rounds=rounds)
         assert controller.acceptance("lookup", 2) > 0.58
         plan = choose(controller, lookup_available=1, lookup_match_len=2)
-        assert (plan.source, plan.explored) == ("lookup", False)
+        assert (plan.source, plan.k, plan.explored) == ("lookup", 1, False)
+
+
+def test_a_long_bet_within_what_its_estimates_are_unsure_of_is_cut_to_one_token():
+    """A curve as steep as SmolLM2's from one row to two, flat after: 3-token matches judged right 6 times
+    in 10 make a 3-token draft the best bet at the estimate, but not with it half a standard deviation
+    lower after 10 offers (one token still pays there); after 40 the same bet is sure and is made whole."""
+    steep = {1: 0.010, 2: 0.0150, 3: 0.0170, 4: 0.0190, 5: 0.0210, 8: 0.027, 9: 0.029, 16: 0.043, 17: 0.045}
+    for rounds, k in ((10, 1), (40, 3)):
+        controller = measured(steep, method="auto")
+        for i in range(rounds):
+            offer = copy_offer("lookup", 1, 3)
+            controller.plan([offer])
+            controller.record_round("none", 0, 0, offer.tokens if i % 10 < 6 else [NOT_OFFERED])
+        plan = choose(controller, lookup_available=8, lookup_match_len=3)
+        assert (plan.source, plan.k, plan.explored) == ("lookup", k, False)
 
 
 def test_fixed_methods_and_lengths():

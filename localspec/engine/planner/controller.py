@@ -11,11 +11,13 @@ as a copied token is accepted with probability p(x), the chance the target emits
 follow the text at no cost, and an answer that copies badly stops drafting after its first few offers
 rather than after its first few failed drafts.
 
-Bets are priced on the estimates as they are, not on a cautious bound below them: where the estimate of
-a short copy is low, after a run of failures, the text tends to come back, and turning such bets down
-(the estimates half a standard deviation lower had to beat the target alone) lost more than it saved. In
-replays of the default pair's 23 answers the bets it turned down gained 6.8 one-token passes on the 2-core
-Intel Xeon's curve and 0.1 on the 2-core AMD EPYC's, and SmolLM2's 20 gained 11.
+A copy bet whose edge is within what its estimates are unsure of (it would not beat the target alone
+with every estimate ``CAUTION_SIGMAS`` standard deviations lower) is cut to one token: its stake is then
+one row more in the pass. Refused outright, such bets lost more than they saved where the curve is flat
+(on the 2-core Intel Xeon, where a 2-row pass costs 1.07 one-row passes, short copies of chat came true
+twice as often as their estimate after a run of failures, and refusing them cost chat 4-7% against lookup
+in bench); drafted whole, long ones after medium matches lost where it is steep (SmolLM2's new code, a
+2-row pass at 1.5: 0.95x of the target alone, against 0.99-1.02x with them refused).
 
 Where nothing beats the target alone, it does not speculate, except for a bounded exploration: a copy
 drafter whose estimate may be too low (its hopeful rate would pay: few offers of that match length seen)
@@ -64,6 +66,9 @@ EXPLORE_SHARE = 0.01
 # the target's pass curve changes: unused, its acceptance and step costs stay as they were, and only the
 # target's one-token pass and round overheads, which drift slowly, move its price in between.
 REPRICE_ROUNDS = 16
+# A copy bet that would lose with its acceptance estimates this many standard deviations lower is cut to one
+# token.
+CAUTION_SIGMAS = 0.5
 # A probe drafts at most this many tokens: it measures the short match it starts from, at little cost.
 PROBE_MAX = 4
 
@@ -378,6 +383,17 @@ class Controller:
         model.declined = None
         return best
 
+    def _staked(self, plan: Plan, none: float) -> Plan:
+        """A copy ``plan`` as it is if it beats the target alone's rate ``none`` with every acceptance
+        estimate ``CAUTION_SIGMAS`` standard deviations lower; else cut to one token, or the target alone
+        where one token does not beat it either."""
+        estimates = self._copies[plan.source]
+        cautious = estimates.rates(plan.offer.match_len, plan.k, sigmas=-CAUTION_SIGMAS)
+        if plan.k == 1 or expected_tokens(cautious)[-1] / self._seconds(cautious, 0.0)[-1] > none:
+            return plan
+        one = self.best_plan(plan.source, estimates.rates(plan.offer.match_len, 1), 0.0, plan.offer)
+        return one if one.expected_rate > none else _target_only(Idle.PRICED_OUT, none)
+
     def _probe(self, offers: Sequence[Offer]) -> Plan | None:
         """A copy drafter worth trying although its estimate loses: its hopeful rate would pay, and what
         the probes lost so far in this answer plus this one's loss should it fail stays within the budget."""
@@ -460,6 +476,8 @@ class Controller:
             elif self._models[source].off is None:
                 models.append(offer)
         best = max(options, key=lambda plan: plan.expected_rate)
+        if method == AUTO and best.source in self._copies:
+            best = self._staked(best, options[0].expected_rate)
         for offer in models:
             expected = max(generated, MIN_EXPECTED_REMAINING)
             if remaining is not None:
