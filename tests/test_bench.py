@@ -110,9 +110,10 @@ def test_a_small_bench_writes_json_csv_and_plot(tiny_target, tiny_draft, prompt_
     )
     assert result.exit_code == 0, result.output
     assert "recommended for echo" in result.output and "recommended for session" in result.output
-    # The passes its decoders measured are kept for the sessions after it (3 rows: a draft of 2).
+    # The passes its decoders measured are kept for the sessions after it (3 rows: a draft of 2), relative to
+    # a one-token pass (on these tiny models a pass is mostly fixed cost, so its value is near 1, either side).
     (remembered,) = json.loads(paths.pass_costs_file().read_text()).values()
-    assert remembered.get("3", 0) > 1.0
+    assert 0.5 < remembered.get("3", 0) < 5.0
     # stdout is not a terminal here, as in a file or a CI log: every header is whole, not cut at 80 columns.
     assert "…" not in result.stdout
     assert all(name in result.stdout for name in ("tok/pass", "per position", "passes", "TTFT s", "output"))
