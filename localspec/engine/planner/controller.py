@@ -383,16 +383,16 @@ class Controller:
         model.declined = None
         return best
 
-    def _staked(self, plan: Plan, none: float) -> Plan:
-        """A copy ``plan`` as it is if it beats the target alone's rate ``none`` with every acceptance
-        estimate ``CAUTION_SIGMAS`` standard deviations lower; else cut to one token, or the target alone
-        where one token does not beat it either."""
-        estimates = self._copies[plan.source]
+    def _staked(self, plan: Plan, alone: Plan) -> Plan:
+        """A copy ``plan`` as it is if it beats the target ``alone`` with every acceptance estimate
+        ``CAUTION_SIGMAS`` standard deviations lower; else cut to one token, or ``alone`` where one token
+        does not beat it either."""
+        estimates, none = self._copies[plan.source], alone.expected_rate
         cautious = estimates.rates(plan.offer.match_len, plan.k, sigmas=-CAUTION_SIGMAS)
         if plan.k == 1 or expected_tokens(cautious)[-1] / self._seconds(cautious, 0.0)[-1] > none:
             return plan
         one = self.best_plan(plan.source, estimates.rates(plan.offer.match_len, 1), 0.0, plan.offer)
-        return one if one.expected_rate > none else _target_only(Idle.PRICED_OUT, none)
+        return one if one.expected_rate > none else alone
 
     def _probe(self, offers: Sequence[Offer]) -> Plan | None:
         """A copy drafter worth trying although its estimate loses: its hopeful rate would pay, and what
@@ -477,7 +477,7 @@ class Controller:
                 models.append(offer)
         best = max(options, key=lambda plan: plan.expected_rate)
         if method == AUTO and best.source in self._copies:
-            best = self._staked(best, options[0].expected_rate)
+            best = self._staked(best, options[0])  # options[0]: the target alone
         for offer in models:
             expected = max(generated, MIN_EXPECTED_REMAINING)
             if remaining is not None:
