@@ -70,7 +70,8 @@ class Acceptance:
         return (prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.judged)
 
     def bound_from(self, prior: float, sigmas: float) -> float:
-        """The rate, starting from ``prior``, plus ``sigmas`` standard deviations of the estimate, within 0..1."""
+        """The rate, starting from ``prior``, plus ``sigmas`` standard deviations of the estimate (minus,
+        where negative), within 0..1."""
         rate = self.rate_from(prior)
         bound = rate + sigmas * math.sqrt(rate * (1.0 - rate) / (PRIOR_WEIGHT + self.judged))
         return min(1.0, max(0.0, bound))
@@ -125,7 +126,7 @@ class MatchAcceptance:
     def rates(self, match_len: int, k_max: int, *, sigmas: float = 0.0) -> list[float]:
         """Acceptance per draft position: position i continues a match of ``match_len + i`` tokens, so a
         copy in progress is expected to run on longer the further it has already run. ``sigmas``: each
-        estimate plus that many of its standard deviations (hopeful)."""
+        estimate plus that many of its standard deviations (hopeful, or where negative cautious)."""
         lengths, rates = self._lengths, []
         estimates = self._estimates(sigmas)
         # Bucket by bucket: planning asks for up to 64 positions every round.
