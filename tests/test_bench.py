@@ -324,20 +324,21 @@ def test_expected_speedup_is_leviathans_formula_with_measured_costs():
     steps = [Step([1] * 5, [], "lookup", 4, 4), Step([1], [], "lookup", 4, 0)]
     a = 4 / 5  # accepted / judged: the first round judged 4 drafts, the second only its first
     tokens = 1 + a + a**2 + a**3 + a**4
-    assert expected_speedup(steps, controller, controller) == pytest.approx(tokens * 0.060 / 0.105)
+    assert expected_speedup(steps, controller) == pytest.approx(tokens * 0.060 / 0.105)
     # A draft model adds k draft steps per round (priced at the prior ratio until measured); plain rounds
     # are one token for one one-token pass.
     draft = [Step([1, 1, 1], [], "draft", 4, 2), Step([1], [], "none", 0, 0)]
     a = 2 / 3
     expected = lambda step: (1 + a + a**2 + a**3 + a**4 + 1) * 0.060 / (0.105 + 4 * step + 0.060)  # noqa: E731
-    assert expected_speedup(draft, controller, controller) == pytest.approx(expected(0.25 * 0.060))
+    assert expected_speedup(draft, controller) == pytest.approx(expected(0.25 * 0.060))
     controller.record_draft("draft", 0, 0.0, 4, 4 * 0.030)
-    assert expected_speedup(draft, controller, controller) == pytest.approx(expected(0.030))
-    # A configuration that never timed a one-token pass is priced with the baseline's passes.
-    fixed = Controller("draft", draft_len=4, has_draft_model=True)
+    assert expected_speedup(draft, controller) == pytest.approx(expected(0.030))
+    # A fixed draft length never times a one-token pass: in a bench it shares the baseline's.
+    fixed = Controller("draft", draft_len=4, has_draft_model=True, costs=controller.costs)
     fixed.record_draft("draft", 0, 0.0, 4, 4 * 0.030)
-    assert expected_speedup(draft, fixed, controller) == pytest.approx(expected(0.030))
-    assert expected_speedup(draft, fixed, fixed) is None  # no pass measured at all: no prediction
+    assert expected_speedup(draft, fixed) == pytest.approx(expected(0.030))
+    alone = Controller("draft", draft_len=4, has_draft_model=True)
+    assert expected_speedup(draft, alone) is None  # no pass measured at all: no prediction
 
 
 def test_expected_speedup_prices_a_block_drafter_as_the_planner_does():
@@ -350,7 +351,7 @@ def test_expected_speedup_prices_a_block_drafter_as_the_planner_does():
     controller.record_draft(DFlashDrafter.source, 0, 0.0, 7, 2.5 * 0.030)  # a one-row pass: 0.030 s
     steps = [Step([1] * 7, [], DFlashDrafter.source, 6, 6)]
     assert controller.round_seconds(DFlashDrafter.source, 6) == pytest.approx(0.250 + 2.5 * 0.030)
-    assert expected_speedup(steps, controller, controller) == pytest.approx(7 * 0.100 / (0.250 + 2.5 * 0.030))
+    assert expected_speedup(steps, controller) == pytest.approx(7 * 0.100 / (0.250 + 2.5 * 0.030))
 
 
 # -- --write-profile -----------------------------------------------------------------------------

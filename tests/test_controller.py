@@ -184,9 +184,9 @@ def test_one_slow_round_does_not_make_drafting_look_cheap():
     controller = measured(CPU, method="auto")
     offer_short_copies(controller, right_in_ten=4)  # just short of paying
     for _ in range(COST_WINDOW):
-        controller.costs.record_overhead(0.0003, drafted=False)
+        controller.overheads.record(0.0003, drafted=False)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
-    controller.costs.record_overhead(0.046, drafted=False)
+    controller.overheads.record(0.046, drafted=False)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
 
 
@@ -197,11 +197,11 @@ def test_a_drafting_rounds_own_work_is_priced_apart_from_a_target_alone_rounds()
     controller = measured(CPU, method="auto")
     offer_short_copies(controller, right_in_ten=7)  # a thin edge
     for _ in range(COST_WINDOW):
-        controller.costs.record_overhead(0.0002, drafted=False)
+        controller.overheads.record(0.0002, drafted=False)
     plan = choose(controller, lookup_available=1, lookup_match_len=2)
     assert (plan.source, plan.explored) == ("lookup", False)
     for _ in range(COST_WINDOW):  # each drafting round's own work costs a fifth of a pass more
-        controller.costs.record_overhead(0.0002 + CPU[1] / 5, drafted=True)
+        controller.overheads.record(0.0002 + CPU[1] / 5, drafted=True)
     assert choose(controller, lookup_available=1, lookup_match_len=2).source == "none"
     assert controller.beliefs()["drafting_overhead_s"] > controller.beliefs()["overhead_s"]
 

@@ -427,3 +427,19 @@ def test_closing_a_sibling_frees_its_own_caches_and_draft_and_leaves_the_origina
     sibling.close()
     assert not drafter.loaded  # its own context on the shared draft weights is freed
     assert [t for s in decoder.generate(prompt, max_tokens=8) for t in s.tokens] == expected
+
+
+def test_a_sibling_prices_its_rounds_with_the_passes_the_original_timed_and_keeps_its_own_overheads(tiny_target):
+    decoder = make_decoder(tiny_target, method="lookup", draft_len=3)
+    prompt = decoder.target.tokenize(PROMPTS[0], add_bos=True)
+    generate(decoder, prompt, 24)
+    timed = decoder.controller.costs.measured_passes()
+    assert set(timed) > {1}  # it verified drafts
+    sibling = decoder.sibling(method="none", draft_len=None, history=None)
+    assert sibling.controller.costs.measured_passes() == timed  # before it has timed a pass of its own
+    samples = decoder.controller.costs.one_token_samples()
+    generate(sibling, prompt, 4)
+    assert decoder.controller.costs.one_token_samples() > samples  # its passes are the original's figures too
+    # Its rounds' own work is its own: it never drafted.
+    assert sibling.controller.overheads.drafting is None and decoder.controller.overheads.drafting is not None
+    sibling.close()

@@ -21,7 +21,12 @@ How figures are kept honest on a shared, noisy machine:
   gap is overhead and model error.
 
 Each configuration gets its own decoder (and so its own controller and learned acceptance) over the
-shared target and draft weights, so one configuration's beliefs never leak into another's figures.
+shared target and draft weights, so one configuration's beliefs about the text never leak into another's
+figures. What the target's passes cost is the machine's, not a method's, and the configurations share it:
+priced each from its own few samples, two methods with the same rule for a round part at near-ties by
+timing noise alone (on the 2-core Intel Xeon lookup and auto drafted 1 and 2 tokens after the same 2-token
+match of code-edit because one had timed a 3-row pass at 1.21 one-row passes and the other at 1.25, and
+code-edit's answers then ran 11-17% apart), so the figures would compare each one's noise rather than its method.
 
 A configuration with an answer history (suffix decoding) gets an empty one in memory, never the user's.
 With one, the prompts are run twice, in order: a cold pass, where the history learns each prompt's first
@@ -157,9 +162,9 @@ def compare_tokens(
     return FirstDifference(i, a, b, "" if a is None else describe(a), "" if b is None else describe(b))
 
 
-def expected_speedup(steps: Sequence[Step], controller: Controller, baseline: Controller) -> float | None:
+def expected_speedup(steps: Sequence[Step], controller: Controller) -> float | None:
     """Leviathan's predicted speedup for these rounds, from their measured acceptance and the costs
-    ``controller`` measured (``baseline``'s target passes where it timed no one-token pass), each round
+    ``controller`` knows (the target's passes as the configurations measured them together), each round
     priced as the planner prices it (``Controller.round_seconds``).
 
     ``steps`` are the verification rounds (not the prefill step). Acceptance per source is the
@@ -171,17 +176,16 @@ def expected_speedup(steps: Sequence[Step], controller: Controller, baseline: Co
         if step.drafted:
             accepted[step.source] = accepted.get(step.source, 0) + step.accepted
             judged_by_source[step.source] = judged_by_source.get(step.source, 0) + judged(step.drafted, step.accepted)
-    passes = controller.costs if controller.costs.one is not None else baseline.costs
     tokens = seconds = 0.0
     for step in steps:
         k = step.drafted
-        round_s = controller.round_seconds(step.source, k, passes)
+        round_s = controller.round_seconds(step.source, k)
         if round_s is None:
             return None
         acceptance = accepted.get(step.source, 0) / judged_by_source[step.source] if k else 0.0
         tokens += expected_tokens([acceptance] * k)[k]
         seconds += round_s
-    return tokens * passes.one / seconds if seconds > 0 else None
+    return tokens * controller.costs.one / seconds if seconds > 0 else None
 
 
 class BenchRunner:
@@ -323,9 +327,7 @@ class BenchRunner:
         tokens = [t for step in steps for t in step.tokens]
         measurement = Measurement(tokens, decoder.stats)
         if config != BASELINE:
-            measurement.expected_speedup = expected_speedup(
-                steps[1:], decoder.controller, self.decoders[BASELINE].controller
-            )
+            measurement.expected_speedup = expected_speedup(steps[1:], decoder.controller)
         return measurement
 
     def _describe(self, token: int) -> str:

@@ -228,7 +228,7 @@ def extrapolate(args) -> None:
     per_layer = full_depth / depths[1]
     full.costs.checkpoint_s = (deep.costs.checkpoint_s or 0.0) * per_layer
     full.costs.restore_s = (deep.costs.restore_s or 0.0) * per_layer
-    full.costs.overhead = shallow.costs.overhead
+    full.overheads.alone = shallow.overheads.alone
     step = shallow.step_cost(MtpDrafter.source)  # one block and the output projection, at any depth
     one = full.costs.one
     print(f"EXTRAPOLATED to {full_depth} layers ({args.shape}) from {depths[0]} and {depths[1]} layers:")

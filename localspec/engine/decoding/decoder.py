@@ -27,7 +27,7 @@ from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.drafters.registry import DrafterInputs, make_drafters, missing_drafters, uses
 from localspec.engine.persist.history import HistoryStore
 from localspec.engine.planner.controller import Controller, Plan
-from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, output_share
+from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, Costs, output_share
 from localspec.errors import PromptTooLong, UsageError
 from localspec.gguf.heads import HeadFile
 
@@ -48,6 +48,7 @@ class SpeculativeDecoder:
         head: a companion head to draft with (methods eagle3 or dflash, as its kind, and auto).
         on_answer: called once each generation has ended (the session saves what was learnt).
         clock: what the decoder times its work with (a replay passes a simulated one).
+        costs: the target's measured costs to share with another decoder on it (``sibling``), or None.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class SpeculativeDecoder:
         on_answer: Callable[[], None] | None = None,
         head: HeadFile | None = None,
         clock: Callable[[], float] = perf_counter,
+        costs: Costs | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -80,6 +82,7 @@ class SpeculativeDecoder:
             speculation_off=target.memory_plan.refused,
             step_cost_ratios={d.source: d.cost_ratio for d in self.drafters if d.cost_ratio is not None},
             missing=missing_drafters(inputs, self.drafters),
+            costs=costs,
         )
         self._draft_priors = (draft_cost_ratio, draft_load_s)
         self.on_answer = on_answer
@@ -102,16 +105,17 @@ class SpeculativeDecoder:
     def sibling(
         self, *, method: str, draft_len: int | None, history: HistoryStore | None, own_caches: bool = True
     ) -> SpeculativeDecoder:
-        """A decoder on the same weights (a draft model only where ``method`` may use one), starting from
-        this one's measured pass costs; with ``own_caches``, on a target context of its own."""
+        """A decoder on the same weights (a draft model only where ``method`` may use one), sharing this
+        one's measured target costs (the machine's and the target's, whichever method times them); with
+        ``own_caches``, on a target context of its own."""
         ratio, load_s = self._draft_priors
         draft = self.draft.another() if self.draft is not None and uses(method, DraftModelDrafter.source) else None
         target = self.target.another_context() if own_caches else self.target
         head = self.head if self.head is not None and uses(method, self.head.kind) else None
         other = SpeculativeDecoder(target, draft=draft, method=method, draft_len=draft_len, draft_cost_ratio=ratio,
-                                   draft_load_s=load_s, history=history, head=head, clock=self.clock)
+                                   draft_load_s=load_s, history=history, head=head, clock=self.clock,
+                                   costs=self.controller.costs)
         other.owns_target = own_caches
-        other.controller.remember(self.controller.costs.relative_costs())
         return other
 
     def generate(
@@ -247,7 +251,7 @@ class SpeculativeDecoder:
         elapsed = self.clock() - started
         overhead = elapsed - draft_s - verify_s - rollback_s
         stats.overhead_s += overhead
-        controller.costs.record_overhead(overhead, drafted=drafted > 0)
+        controller.overheads.record(overhead, drafted=drafted > 0)
         # A priced plan carried out as priced (a probe's figures are its hopes, not its expectation).
         if plan.expected_rate > 0 and k == plan.k and not plan.explored:
             stats.record_plan(plan.source, plan.expected_tokens, plan.expected_tokens / plan.expected_rate,

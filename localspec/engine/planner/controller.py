@@ -43,7 +43,13 @@ from localspec.engine.drafters.base import COPY, FORCED, MAX_COPY_DRAFT, MODEL, 
 from localspec.engine.drafters.draft_model import DraftModelDrafter
 from localspec.engine.drafters.registry import AUTO, DEFAULT_METHOD, DRAFTERS, check_method, uses
 from localspec.engine.llama.kernels import MAX_VERIFY_BATCH
-from localspec.engine.planner.costs import DEFAULT_DRAFT_COST_RATIO, TRUSTED_SAMPLES, Costs, ModelDrafterCosts
+from localspec.engine.planner.costs import (
+    DEFAULT_DRAFT_COST_RATIO,
+    TRUSTED_SAMPLES,
+    Costs,
+    ModelDrafterCosts,
+    RoundOverheads,
+)
 from localspec.engine.planner.estimates import (
     HOPEFUL_SIGMAS,
     Acceptance,
@@ -125,6 +131,8 @@ class Controller:
         step_cost_ratios: model drafters that know their own prior step cost (an MTP head from its shapes),
             and need no loading; the others take ``draft_cost_ratio`` and ``draft_load_s``.
         missing: why each drafter that needs something cannot draft, by source (see ``check_method``).
+        costs: the target's measured costs, shared with the other controllers on the same target (a bench's
+            configurations), or None for costs of its own.
     """
 
     def __init__(
@@ -142,6 +150,7 @@ class Controller:
         drafters: Sequence[type] = DRAFTERS,
         step_cost_ratios: Mapping[str, float] = {},
         missing: Mapping[str, str] = {},
+        costs: Costs | None = None,
     ) -> None:
         self.has_draft_model = has_draft_model
         self.missing = dict(missing)
@@ -149,7 +158,8 @@ class Controller:
         self.speculation_off = speculation_off
         self._limits = (lookup_max, draft_max)
         self.configure(method, draft_len)
-        self.costs = Costs()
+        self.costs = Costs() if costs is None else costs
+        self.overheads = RoundOverheads()
         self._kinds = {cls.source: cls.kind for cls in drafters}
         self._copies = {cls.source: MatchAcceptance(cls.prior) for cls in drafters if cls.kind == COPY}
         self._models = {
@@ -206,7 +216,7 @@ class Controller:
         self._answer_tokens += accepted + 1
         if self._probe_pending:
             self._probe_pending = False
-            spent = (self.round_seconds(source, drafted) or 0.0) + self.costs.round_overhead(drafted > 0)
+            spent = (self.round_seconds(source, drafted) or 0.0) + self.overheads.of(drafted > 0)
             # A probe that paid funds the next ones in this answer: a drafter whose prior is wrong here
             # keeps being tried while it pays, and the answer as a whole never loses more than the budget.
             loss = spent - (accepted + 1) / self.target_alone_rate()
@@ -245,19 +255,15 @@ class Controller:
         model = self._models.get(source)
         return 0.0 if model is None else self.costs.step_cost(model.costs)
 
-    def round_seconds(self, source: str, k: int, passes: Costs | None = None) -> float | None:
+    def round_seconds(self, source: str, k: int) -> float | None:
         """Seconds a round drafting ``k`` tokens from ``source`` spends in the target pass and the drafter;
-        None before a one-token pass is measured.
-
-        ``passes``: the target's pass costs to price it with, by default this controller's own (bench prices
-        a fixed draft length, which never times a one-token pass, with its baseline's).
-        """
-        passes = self.costs if passes is None else passes
-        verify = passes.pass_cost(k + 1)
+        None before a one-token pass is measured."""
+        costs = self.costs
+        verify = costs.pass_cost(k + 1)
         model = self._models.get(source)
         if verify is None or model is None or not k:
             return verify
-        return verify + _drafting_seconds(passes, k, passes.step_cost(model.costs), model.block)
+        return verify + _drafting_seconds(costs, k, costs.step_cost(model.costs), model.block)
 
     def beliefs(self) -> dict:
         """The controller's current costs and estimates, for stats and the live view."""
@@ -270,8 +276,8 @@ class Controller:
             "draft_catch_up_s_per_token": None
             if draft is None or draft.costs.catch_up_per_token is None
             else round(draft.costs.catch_up_per_token, 6),
-            "overhead_s": round(costs.overhead, 5),
-            "drafting_overhead_s": round(costs.round_overhead(True), 5),
+            "overhead_s": round(self.overheads.alone, 5),
+            "drafting_overhead_s": round(self.overheads.of(True), 5),
             "checkpoint_s": None if costs.checkpoint_s is None else round(costs.checkpoint_s, 5),
             "restore_s": None if costs.restore_s is None else round(costs.restore_s, 5),
             **{f"{source}_acceptance": estimates.summary() for source, estimates in self._copies.items()},
@@ -301,7 +307,7 @@ class Controller:
         the drafting (``_drafting_seconds``), the overhead, and past a recurrent target's snapshots a
         checkpoint and, should the draft be rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
-        overhead = costs.round_overhead(True)
+        overhead = self.overheads.of(True)
         if window is None and not step_cost:  # a copy on a KV cache: the pass and the overhead (most rounds)
             one, curve = costs.one, costs.relative_curve(len(rates) + 1)
             return [one * relative + overhead for relative in curve[2 : len(rates) + 2]]
@@ -330,7 +336,7 @@ class Controller:
 
     def target_alone_rate(self) -> float:
         """Tokens per second of the target alone, as measured."""
-        return 1.0 / (self.costs.one + self.costs.overhead)
+        return 1.0 / (self.costs.one + self.overheads.alone)
 
     def _check_model(self, source: str, model: _ModelDrafter) -> None:
         """Give a model drafter up for the session once its measured costs show it cannot pay."""

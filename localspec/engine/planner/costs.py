@@ -1,5 +1,6 @@
 """What speculating costs on this machine, as measured: target passes per batch size, a model drafter's
-steps and catch-up, the Python overhead per round, and a recurrent target's checkpoints and restores.
+steps and catch-up, a recurrent target's checkpoints and restores (``Costs``: the target's, which decoders
+on the same target may share), and a decoder's own Python work per round (``RoundOverheads``).
 
 Pass costs are kept relative to a one-token pass of their time, so a spell when another process slows
 the machine leaves no stale absolute cost for sizes that are then no longer in use. Every measured cost
@@ -119,12 +120,6 @@ class Costs:
         # what they may cost (a hint, never remembered as a measurement).
         self._anchor: tuple[int, float] | None = None
         self._checkpoints, self._restores = RecentMedian(), RecentMedian()
-        # A round's own work, apart for rounds that drafted: offering, verifying k + 1 rows' logits and
-        # rolling back cost more than a target-alone round's (0.44 against 0.13-0.27 ms on the 2-core Intel
-        # Xeon), and one blended figure would price drafting below what it costs beside the target alone.
-        self._overheads = {False: RecentMedian(), True: RecentMedian()}
-        self.overhead = 0.0  # a round kept to the target alone
-        self.drafting_overhead: float | None = None  # a round that drafted; until measured, as the above
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
 
@@ -191,8 +186,7 @@ class Costs:
         return batch_size in self._remembered or len(self._pass_samples[batch_size]) >= TRUSTED_SAMPLES
 
     def relative_costs(self) -> dict[int, float]:
-        """Trusted verification pass costs relative to a one-token pass, remembered ones included: what
-        another decoder on the same target starts from."""
+        """Trusted verification pass costs relative to a one-token pass, remembered ones included."""
         return {
             batch_size: value
             for batch_size, value in self._relative.items()
@@ -286,7 +280,7 @@ class Costs:
             prices.append(estimate if measured is None else min(measured, estimate))
         return prices
 
-    # -- the rest of a round ---------------------------------------------------------------------
+    # -- a recurrent target's state -------------------------------------------------------------
     def record_checkpoint(self, seconds: float) -> None:
         self.checkpoint_s = self._checkpoints.add(seconds)
 
@@ -295,21 +289,6 @@ class Costs:
         priced as a pass of that size, so only the rest is kept."""
         replay = self.pass_cost(replayed) or 0.0
         self.restore_s = self._restores.add(max(0.0, seconds - replay))
-
-    def record_overhead(self, seconds: float, *, drafted: bool) -> None:
-        """A round's own work beside its passes and drafting: a round priced dear would make drafting, whose
-        tokens share it, look cheap per token."""
-        median = self._overheads[drafted].add(seconds)
-        if drafted:
-            self.drafting_overhead = median
-        else:
-            self.overhead = median
-
-    def round_overhead(self, drafted: bool) -> float:
-        """The own work of a round that drafts, or of one kept to the target alone."""
-        if drafted and self.drafting_overhead is not None:
-            return self.drafting_overhead
-        return self.overhead
 
     # -- model drafters --------------------------------------------------------------------------
     def step_cost(self, model: ModelDrafterCosts) -> float | None:
@@ -330,3 +309,29 @@ class Costs:
             largest = self._sizes[-1] if self._sizes and self.one is not None else None
             per_token = 0.0 if largest is None else self._measured(largest) / largest * model.cost_ratio
         return tokens * per_token
+
+
+class RoundOverheads:
+    """A decoder's own work per round beside its passes and drafting (offering, pricing, accepting, rolling
+    back), kept apart for rounds that drafted: verifying k + 1 rows' logits and rolling back cost more than
+    a target-alone round's (0.44 against 0.13-0.27 ms on the 2-core Intel Xeon), and one blended figure
+    would price drafting below what it costs beside the target alone. It is the decoder's, not the target's:
+    each method's Python differs."""
+
+    def __init__(self) -> None:
+        self._samples = {False: RecentMedian(), True: RecentMedian()}
+        self.alone = 0.0  # a round kept to the target alone
+        self.drafting: float | None = None  # a round that drafted; until measured, as the above
+
+    def record(self, seconds: float, *, drafted: bool) -> None:
+        """One round's own work: a round priced dear would make drafting, whose tokens share it, look cheap
+        per token."""
+        median = self._samples[drafted].add(seconds)
+        if drafted:
+            self.drafting = median
+        else:
+            self.alone = median
+
+    def of(self, drafted: bool) -> float:
+        """The own work of a round that drafts, or of one kept to the target alone."""
+        return self.drafting if drafted and self.drafting is not None else self.alone
