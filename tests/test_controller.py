@@ -417,6 +417,18 @@ def test_a_slow_spell_leaves_no_stale_costs():
     assert choose(controller, lookup_available=64, lookup_match_len=4).source == "lookup"
 
 
+def test_passes_timed_while_costs_are_held_price_nothing_until_the_hold_ends():
+    """Two controllers sharing costs and taking a round each in turn price the turn's rounds alike."""
+    first = measured(CPU, method="lookup")
+    second = Controller("auto", costs=first.costs)
+    before = first.costs.pass_cost(9)
+    with first.costs.held():
+        for _ in range(COST_WINDOW):
+            first.costs.record_pass(9, 3 * CPU[9])
+        assert second.costs.pass_cost(9) == before
+    assert second.costs.pass_cost(9) == pytest.approx(3 * CPU[9])
+
+
 def test_remembered_costs_let_the_first_long_copy_take_the_length_that_pays():
     """A curve measured in an earlier session (a 32-token pass costing little more than a 16-token one,
     as llama.cpp switches kernels) sets the draft length at once; a controller that has measured only

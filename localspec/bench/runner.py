@@ -26,7 +26,11 @@ figures. What the target's passes cost is the machine's, not a method's, and the
 priced each from its own few samples, two methods with the same rule for a round part at near-ties by
 timing noise alone (on the 2-core Intel Xeon lookup and auto drafted 1 and 2 tokens after the same 2-token
 match of code-edit because one had timed a 3-row pass at 1.21 one-row passes and the other at 1.25, and
-code-edit's answers then ran 11-17% apart), so the figures would compare each one's noise rather than its method.
+code-edit's answers then ran 11-17% apart), so the figures would compare each one's noise rather than its
+method. For the same reason the passes a turn of the lockstep times are recorded when the turn ends
+(``Costs.held``): shared as they are timed, the configuration measured second in a turn would price its
+round with a pass the first had just timed (lookup then drafted 13 tokens and auto 5 after the same
+11-token match, and their answers ran 11% apart).
 
 A configuration with an answer history (suffix decoding) gets an empty one in memory, never the user's.
 With one, the prompts are run twice, in order: a cold pass, where the history learns each prompt's first
@@ -313,13 +317,15 @@ class BenchRunner:
             for config in configs
         }
         steps: dict[Config, list[Step]] = {config: [] for config in configs}
+        costs = self.decoders[BASELINE].controller.costs  # every configuration's (see the module docstring)
         while generations:
-            for config, generation in list(generations.items()):
-                step = next(generation, None)
-                if step is None:
-                    del generations[config]
-                else:
-                    steps[config].append(step)
+            with costs.held():  # each turn's rounds priced alike
+                for config, generation in list(generations.items()):
+                    step = next(generation, None)
+                    if step is None:
+                        del generations[config]
+                    else:
+                        steps[config].append(step)
         return {config: self._measurement(config, steps[config]) for config in configs}
 
     def _measurement(self, config: Config, steps: list[Step]) -> Measurement:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from localspec.engine.llama.kernels import MAX_VERIFY_BATCH
 
@@ -122,9 +123,27 @@ class Costs:
         self._checkpoints, self._restores = RecentMedian(), RecentMedian()
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
+        self._held: list[tuple[int, float]] | None = None  # passes timed inside ``held``, not yet recorded
 
     # -- target passes ---------------------------------------------------------------------------
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Passes timed inside are recorded when it ends. Decoders sharing these costs that take a round each
+        in turn (bench's lockstep) then price their rounds of one turn with the same figures: otherwise the
+        later ones would price theirs with the passes the earlier ones had just timed, and part from them at
+        near-ties by the order alone."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            for batch_size, seconds in held:
+                self.record_pass(batch_size, seconds)
+
     def record_pass(self, batch_size: int, seconds: float) -> None:
+        if self._held is not None:
+            self._held.append((batch_size, seconds))
+            return
         if batch_size != 1:
             if self.one is None:
                 self._unscaled.append((batch_size, seconds))
