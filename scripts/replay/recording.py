@@ -22,6 +22,7 @@ from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.llama.kernels import EXACT
 from localspec.engine.llama.memory import MemoryPlan
 from localspec.engine.persist.history import HistoryStore
+from localspec.engine.planner.costs import Costs
 from localspec.engine.tokens import common_prefix_length
 from localspec.gguf.memory import MemoryKind
 from localspec.profiles import DEFAULT_PROFILE
@@ -185,13 +186,14 @@ class Replay:
             return cls(json.load(handle))
 
     def decoder(self, method: str = "auto", history: HistoryStore | None = None,
-                noise: Callable[[], float] | None = None) -> SpeculativeDecoder:
+                noise: Callable[[], float] | None = None, costs: Costs | None = None) -> SpeculativeDecoder:
         """One per session, as bench keeps its decoders across prompts, remembering the recorded pass costs
         and warmed up as bench warms them up (its first measurements of one-token passes); ``noise``: see
-        ``ReplayTarget``."""
+        ``ReplayTarget``; ``costs``: another decoder's, shared as bench's configurations share them."""
         target = ReplayTarget(self.eos + 1, self.eos, self.cost, self.clock, noise)
-        decoder = SpeculativeDecoder(target, method=method, history=history, clock=self.clock)
-        decoder.controller.remember(self.remembered)
+        decoder = SpeculativeDecoder(target, method=method, history=history, clock=self.clock, costs=costs)
+        if costs is None:
+            decoder.controller.remember(self.remembered)
         answers = history or HistoryStore(None)  # the warm-up learns nothing, as in bench
         learning, answers.learning = answers.learning, False
         self.run(decoder, self.answers[0], DEFAULT_WARMUP_TOKENS)
@@ -200,11 +202,26 @@ class Replay:
 
     def run(self, decoder: SpeculativeDecoder, answer: dict, max_tokens: int) -> tuple[float, int, int]:
         """(speedup over target alone, drafted, accepted) of one answer."""
+        return self.run_together([decoder], answer, max_tokens)[0]
+
+    def run_together(
+        self, decoders: Sequence[SpeculativeDecoder], answer: dict, max_tokens: int
+    ) -> list[tuple[float, int, int]]:
+        """``run`` for decoders sharing their costs, advanced as bench advances its configurations: a round
+        each in turn, the passes of a turn recorded when it ends (``Costs.held``)."""
         target = answer["answer"][:max_tokens]
-        decoder.target.expect(answer["prompt"], answer["answer"])
-        decoder.target.rollback(0)
-        for _ in decoder.generate(answer["prompt"], max_tokens=len(target)):
-            pass
-        stats = decoder.stats
-        assert stats.generated_tokens == len(target), "the replay left the recorded answer"
-        return self.cost(1) * (len(target) - 1) / stats.decode_s, stats.drafted, stats.accepted
+        generations = []
+        for decoder in decoders:
+            decoder.target.expect(answer["prompt"], answer["answer"])
+            decoder.target.rollback(0)
+            generations.append(decoder.generate(answer["prompt"], max_tokens=len(target)))
+        costs = decoders[0].controller.costs
+        while generations:
+            with costs.held():
+                generations = [generation for generation in generations if next(generation, None) is not None]
+        results = []
+        for decoder in decoders:
+            stats = decoder.stats
+            assert stats.generated_tokens == len(target), "the replay left the recorded answer"
+            results.append((self.cost(1) * (len(target) - 1) / stats.decode_s, stats.drafted, stats.accepted))
+        return results

@@ -1,12 +1,13 @@
 """How far apart one `localspec bench --quick` run can put two methods, from timing noise and from the
 decisions that noise sways: recorded answers replayed in bench's order, many times, on noisy pass times.
 
-Each seed is one bench run: one decoder per method kept across the slices (as bench keeps them), each answer
-timed on a machine whose speed strays from the recording's per answer (``--drift``) and per pass
-(``--jitter``). Per slice it prints the 10th percentile of the first method's speed over the second's and
-how often that ratio falls below ``--bar``, twice: as timed (what bench would print), and on the passes'
-recorded seconds (the spread that comes from different decisions alone: measured costs that strayed chose
-other draft lengths). A method against itself (``auto/auto``) is the floor a one-run criterion has to clear.
+Each seed is one bench run: one decoder per method kept across the slices, sharing their pass costs and
+advanced in lockstep (as bench keeps and runs them), each answer timed on a machine whose speed strays from
+the recording's per answer (``--drift``) and per pass (``--jitter``), for each decoder apart. Per slice it
+prints the 10th percentile of the first method's speed over the second's and how often that ratio falls
+below ``--bar``, twice: as timed (what bench would print), and on the passes' recorded seconds (the spread
+that comes from different decisions alone: measured costs that strayed chose other draft lengths). A method
+against itself (``auto/auto``) is the floor a one-run criterion has to clear.
 
     .venv/bin/python -m scripts.replay.lookup --record /tmp/replay/quick.json --per-slice 1 --max-tokens 96
     .venv/bin/python -m scripts.replay.spread /tmp/replay/quick.json [--pairs auto/auto,auto/lookup] [--seeds 30]
@@ -42,17 +43,17 @@ class StrayingMachine:
 def one_run(replay: Replay, methods: tuple[str, str], seed: int, args) -> dict[str, tuple[float, float]]:
     """Per slice: (timed ratio, ratio on recorded seconds) of the first method's speed over the second's."""
     machines = [StrayingMachine(random.Random(f"{seed}/{i}"), args.drift, args.jitter) for i in range(2)]
-    decoders = [replay.decoder(method, noise=machine) for method, machine in zip(methods, machines)]
+    first = replay.decoder(methods[0], noise=machines[0])
+    decoders = [first, replay.decoder(methods[1], noise=machines[1], costs=first.controller.costs)]
     ratios = {}
     for answer in replay.answers:
-        results = []
-        for decoder, machine in zip(decoders, machines):
+        for machine in machines:
             machine.next_answer()
-            recorded = decoder.target.recorded_s
-            speedup, _, _ = replay.run(decoder, answer, args.max_tokens)
-            results.append((speedup, decoder.target.recorded_s - recorded))
+        recorded = [decoder.target.recorded_s for decoder in decoders]
+        speedups = [speedup for speedup, _, _ in replay.run_together(decoders, answer, args.max_tokens)]
         # Both decoders emit the same tokens, so their speeds compare as their speedups, or their seconds inverted.
-        (timed, seconds), (timed_other, seconds_other) = results
+        (timed, timed_other) = speedups
+        seconds, seconds_other = (decoder.target.recorded_s - before for decoder, before in zip(decoders, recorded))
         ratios[answer["workload"]] = (timed / timed_other, seconds_other / seconds)
     return ratios
 
