@@ -175,7 +175,9 @@ class Costs:
     def _add_sample(self, batch_size: int, value: float) -> float:
         if batch_size != 1:
             self._reprice()
-        samples = self._pass_samples.setdefault(batch_size, RecentMedian())
+        samples = self._pass_samples.get(batch_size)
+        if samples is None:  # (not setdefault: every pass of every round comes here)
+            samples = self._pass_samples[batch_size] = RecentMedian()
         if len(samples) == COST_WINDOW:
             self._remembered.discard(batch_size)  # a remembered cost is the first sample in: it rolls out first
         if batch_size not in self._relative:
