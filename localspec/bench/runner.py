@@ -40,7 +40,7 @@ prompts, where it learns nothing more. The passes are reported as workloads "NAM
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -53,6 +53,7 @@ from localspec.engine.decoding.text import Step
 from localspec.engine.llama.model import Model
 from localspec.engine.persist.history import HistoryStore
 from localspec.engine.planner.controller import Controller
+from localspec.engine.planner.costs import Costs
 from localspec.engine.planner.estimates import expected_tokens
 from localspec.fim import fim_prompt
 
@@ -310,22 +311,13 @@ class BenchRunner:
         (in the order given), each from the KV caches a real request would find."""
         for config in configs:
             self._prime(item, config)
-        generations = {
-            config: self.decoders[config].generate(
-                item.tokens, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling
-            )
+        settings = self.settings
+        generations = [
+            self.decoders[config].generate(item.tokens, max_tokens=settings.max_tokens, sampling=settings.sampling)
             for config in configs
-        }
-        steps: dict[Config, list[Step]] = {config: [] for config in configs}
-        costs = self.decoders[BASELINE].controller.costs  # every configuration's (see the module docstring)
-        while generations:
-            with costs.held():  # each turn's rounds priced alike
-                for config, generation in list(generations.items()):
-                    step = next(generation, None)
-                    if step is None:
-                        del generations[config]
-                    else:
-                        steps[config].append(step)
+        ]
+        # Every configuration's costs are the baseline's (see the module docstring).
+        steps = dict(zip(configs, in_lockstep(generations, self.decoders[BASELINE].controller.costs)))
         return {config: self._measurement(config, steps[config]) for config in configs}
 
     def _measurement(self, config: Config, steps: list[Step]) -> Measurement:
@@ -352,6 +344,23 @@ class BenchRunner:
             record.runs.append(measurement)
             if self.settings.sampling.greedy and record.difference is None and config != BASELINE:
                 record.difference = compare_tokens(baseline.tokens, measurement.tokens, self._describe)
+
+
+def in_lockstep(generations: Sequence[Iterator[Step]], costs: Costs) -> list[list[Step]]:
+    """Each generation's steps, the generations advanced a round each in turn until all have ended. They
+    share ``costs``, and the passes a turn times are recorded when it ends (``Costs.held``), so every
+    generation prices the rounds of a turn with the same figures."""
+    steps: list[list[Step]] = [[] for _ in generations]
+    running = list(range(len(generations)))
+    while running:
+        with costs.held():
+            for i in list(running):
+                step = next(generations[i], None)
+                if step is None:
+                    running.remove(i)
+                else:
+                    steps[i].append(step)
+    return steps
 
 
 def in_pass(prompt: BenchPrompt, name: str | None) -> BenchPrompt:

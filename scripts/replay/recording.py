@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.bench.runner import BASELINE, DEFAULT_WARMUP_TOKENS, BenchRunner, BenchSettings
+from localspec.bench.runner import BASELINE, DEFAULT_WARMUP_TOKENS, BenchRunner, BenchSettings, in_lockstep
 from localspec.bench.workloads import for_target, select, shipped_prompts
 from localspec.engine.decoding.decoder import SpeculativeDecoder
 from localspec.engine.llama.kernels import EXACT
@@ -207,18 +207,15 @@ class Replay:
     def run_together(
         self, decoders: Sequence[SpeculativeDecoder], answer: dict, max_tokens: int
     ) -> list[tuple[float, int, int]]:
-        """``run`` for decoders sharing their costs, advanced as bench advances its configurations: a round
-        each in turn, the passes of a turn recorded when it ends (``Costs.held``)."""
+        """``run`` for decoders sharing their costs, advanced as bench advances its configurations
+        (``in_lockstep``)."""
         target = answer["answer"][:max_tokens]
         generations = []
         for decoder in decoders:
             decoder.target.expect(answer["prompt"], answer["answer"])
             decoder.target.rollback(0)
             generations.append(decoder.generate(answer["prompt"], max_tokens=len(target)))
-        costs = decoders[0].controller.costs
-        while generations:
-            with costs.held():
-                generations = [generation for generation in generations if next(generation, None) is not None]
+        in_lockstep(generations, decoders[0].controller.costs)
         results = []
         for decoder in decoders:
             stats = decoder.stats
