@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -472,9 +474,21 @@ def test_bench_agents_gives_no_session_verdict_when_an_engine_failed_a_request(c
     assert both["verdicts"]["session faster than llama-server"] is True
 
 
-def test_bench_agents_retries_a_connection_the_server_closed_without_answering():
-    """As the clients' SDKs do: a connection closed before any answer is tried again (its time counted); an
-    answer that then comes is the request's answer."""
+def read_request(connection: socket.socket) -> None:
+    """Read one HTTP request whole, so that closing the connection after it sends a FIN and not a reset."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += connection.recv(65536)
+    head, _, received = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(received) < length:
+        received += connection.recv(65536)
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_bench_agents_retries_a_connection_the_server_closed_without_answering(reset):
+    """As the clients' SDKs do: a connection closed (or reset) before any answer is tried again (its time
+    counted); an answer that then comes is the request's answer."""
     import threading
 
     listener = socket.create_server(("127.0.0.1", 0))
@@ -484,7 +498,9 @@ def test_bench_agents_retries_a_connection_the_server_closed_without_answering()
         for attempt in range(2):
             connection, _ = listener.accept()
             with connection:
-                connection.recv(65536)
+                read_request(connection)
+                if not attempt and reset:  # linger 0: close sends a reset
+                    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 if attempt:  # the first connection is closed unanswered
                     connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))

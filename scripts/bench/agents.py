@@ -300,7 +300,8 @@ def send(client: httpx.Client, base: str, request: Request, body: dict, started:
                     first = time.perf_counter() - started
                 timings = last_timings(event) or timings
     except httpx.HTTPError as exc:
-        if not responded and isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)):
+        # the SDKs retry any transport error (a reset as much as a close) that came before a response
+        if not responded and isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.TimeoutException):
             raise Unanswered(str(exc)) from exc
         return Answer(0, time.perf_counter() - started, first, error=str(exc))
     return with_timings(Answer(200, time.perf_counter() - started, first), timings)
