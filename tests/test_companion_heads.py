@@ -201,3 +201,21 @@ sibling.close()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_bench_measures_the_target_alone_on_caches_that_keep_nothing_for_the_head(pair):
+    """The decoder bench is given drafts with the head, so its caches keep the head's inputs on every pass;
+    the baseline runs on caches of its own, which keep nothing: what it measures is the target alone."""
+    from localspec.bench.runner import BASELINE, BenchRunner, BenchSettings, Config
+
+    decoder = make_decoder(pair, method="auto")
+    assert decoder.target.keeps_head_inputs
+    runner = BenchRunner(decoder, BenchSettings([BASELINE, Config(kind_of(pair))], runs=1, max_tokens=8))
+    try:
+        baseline, drafting = runner.decoders[BASELINE], runner.decoders[Config(kind_of(pair))]
+        assert baseline.target is not decoder.target and runner.target is baseline.target
+        prompt = decoder.target.tokenize(PROMPT, add_bos=True)
+        assert generate(baseline, prompt, max_tokens=8) == generate(drafting, prompt, max_tokens=8)
+        assert not baseline.target.keeps_head_inputs and drafting.target.keeps_head_inputs
+    finally:
+        runner.close()

@@ -108,6 +108,7 @@ class ReplayTarget:
     replayed_tokens = 0
     n_ctx = 1 << 20
     mtp_layers = 0  # the recorded target is replayed without a head of its own
+    keeps_head_inputs = False
 
     def __init__(self, n_vocab: int, eos: int, cost: Callable[[int], float], clock: Clock,
                  noise: Callable[[], float] | None = None) -> None:

@@ -58,6 +58,11 @@ class Target(Protocol):
         """MTP heads loaded with it (0: none to draft with)."""
 
     @property
+    def keeps_head_inputs(self) -> bool:
+        """Whether its passes also keep what a head reads (``hidden`` or ``features``), which the target
+        alone does not pay for."""
+
+    @property
     def replayed_tokens(self) -> int:
         """Tokens evaluated again so far because a rollback could not keep them."""
 

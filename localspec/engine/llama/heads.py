@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.engine.llama.model import Model, fill_batch, llama_cpp_ext
+from localspec.engine.llama.model import Model, fill_batch, floats_at, llama_cpp_ext
 from localspec.engine.tokens import common_prefix_length
 from localspec.errors import LocalspecError
 
@@ -74,9 +74,8 @@ class _HeadContext(_HeadCache):
             self.tokens.extend(chunk)
         if not logits:
             return None
-        row = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx.ctx, last), shape=(self.n_vocab,)).copy()
-        pointer = llama_cpp_ext().llama_get_embeddings_nextn_ith(self._ctx.ctx, last)
-        state = np.ctypeslib.as_array(pointer, shape=(self.n_embd,))
+        row = floats_at(self._lib.llama_get_logits_ith(self._ctx.ctx, last), self.n_vocab).copy()
+        state = floats_at(llama_cpp_ext().llama_get_embeddings_nextn_ith(self._ctx.ctx, last), self.n_embd)
         return row, state.copy()
 
     def close(self) -> None:
@@ -182,7 +181,7 @@ class Eagle3Head(_HeadContext):
             if code != 0:
                 raise LocalspecError(f"llama_encode of {self._name} failed with code {code}")
             pointer = llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx)
-            out[start : start + len(chunk)] = np.ctypeslib.as_array(pointer, shape=(len(chunk), self.n_embd))
+            out[start : start + len(chunk)] = floats_at(pointer, len(chunk) * self.n_embd).reshape(len(chunk), -1)
         return out
 
     def close(self) -> None:
@@ -253,7 +252,7 @@ class DFlashHead(_HeadCache):
         fill_batch(self._block, [last] + [self.mask_token] * k, n_past, 0)
         try:
             self._decode(self._block, n_past)
-            rows = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx.ctx), shape=((k + 1) * self.n_vocab,))
+            rows = floats_at(self._lib.llama_get_logits(self._ctx.ctx), (k + 1) * self.n_vocab)
             return rows.reshape(k + 1, self.n_vocab)[1:].copy()
         finally:
             self._lib.llama_memory_seq_rm(self._ctx.memory, 0, n_past, -1)

@@ -140,6 +140,8 @@ class Model:
         self.n_threads = threads
         self.n_gpu_layers = model_params.n_gpu_layers
         self.n_vocab: int = self._model.n_vocab()
+        self.n_embd: int = self._model.n_embd()
+        self.n_embd_out: int = int(self._lib.llama_model_n_embd_out(self._model.model)) or self.n_embd
         self.tokens: list[int] = []
         self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large prompt pass
         self._pieces: dict[tuple[int, bool], bytes] = {}
@@ -386,8 +388,7 @@ class Model:
             self.large_eval = (n, time.perf_counter() - started)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = self._lib.llama_get_logits(self._ctx.ctx)
-        rows = np.ctypeslib.as_array(ptr, shape=(n_logits * self.n_vocab,))
+        rows = floats_at(self._lib.llama_get_logits(self._ctx.ctx), n_logits * self.n_vocab)
         return rows.reshape(n_logits, self.n_vocab).copy()
 
     def _decode(self, chunk: Sequence[int], first_logit: int) -> None:
@@ -447,8 +448,8 @@ class Model:
         return int(self._lib.llama_model_n_layer(self._model.model))
 
     @property
-    def n_embd_out(self) -> int:
-        return int(self._lib.llama_model_n_embd_out(self._model.model)) or self._model.n_embd()
+    def keeps_head_inputs(self) -> bool:
+        return self.hidden is not None or self.features is not None
 
     def capture_layer_inputs(self, layers: Sequence[int]) -> None:
         """From now on keep, per position, the inputs of trunk ``layers`` side by side in ``features`` (what
@@ -461,22 +462,18 @@ class Model:
             self._feature_layers = tuple(layers)
             self.features = np.zeros((0, len(layers) * self.n_embd), dtype=np.float32)
 
-    @property
-    def n_embd(self) -> int:
-        return int(self._model.n_embd())
-
     def _keep_hidden(self, n_past: int, n: int) -> None:
         pointer = llama_cpp_ext().llama_get_embeddings_nextn(self._ctx.ctx)
         self.hidden = self._grown(self.hidden, n_past + n)
-        self.hidden[n_past : n_past + n] = np.ctypeslib.as_array(pointer, shape=(n, self.n_embd_out))
+        self.hidden[n_past : n_past + n] = floats_at(pointer, n * self.n_embd_out).reshape(n, -1)
 
     def _keep_features(self, n_past: int, n: int) -> None:
         _, read = _layer_input_calls()
         self.features = self._grown(self.features, n_past + n)
         width = self.n_embd
         for i, layer in enumerate(self._feature_layers):
-            rows = np.ctypeslib.as_array(read(self._ctx.ctx, layer), shape=(n, width))
-            self.features[n_past : n_past + n, i * width : (i + 1) * width] = rows
+            self.features[n_past : n_past + n, i * width : (i + 1) * width] = floats_at(
+                read(self._ctx.ctx, layer), n * width).reshape(n, width)
 
     def _grown(self, rows: np.ndarray, needed: int) -> np.ndarray:
         """``rows`` with room for ``needed`` positions: grown by doubling, up to the context size."""
@@ -539,6 +536,19 @@ def fill_batch(batch, tokens: Sequence[int], n_past: int, first_logit: int) -> N
         batch.n_seq_id[i] = 1
         batch.seq_id[i][0] = 0
         batch.logits[i] = i >= first_logit
+
+
+def floats_at(pointer, count: int) -> np.ndarray:
+    """A float32 view of the first ``count`` floats of a llama.cpp output buffer (logits, hidden states,
+    layer inputs) at ``pointer``, good until the next pass: copy what is kept. llama.cpp keeps its output
+    buffers from pass to pass, so each buffer's view is made once; made on every pass (``as_array``), the
+    views of SmolLM2's logits and an EAGLE-3 head's three layer inputs took ~40 µs of a 9 ms pass."""
+    return _view(ctypes.cast(pointer, ctypes.c_void_p).value, count)
+
+
+@functools.lru_cache(maxsize=256)
+def _view(address: int, count: int) -> np.ndarray:
+    return np.frombuffer((ctypes.c_float * count).from_address(address), np.float32)
 
 
 @functools.cache
