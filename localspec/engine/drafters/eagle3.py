@@ -9,8 +9,6 @@ head's (``ChainedHeadDrafter``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from localspec.engine.drafters.model_drafting import ChainedHeadDrafter, CompanionHeadDrafter, companion_cost_ratio
@@ -38,8 +36,7 @@ class Eagle3Drafter(CompanionHeadDrafter, ChainedHeadDrafter):
         self.head = Eagle3Head(head.path, target, features=len(head.layers) * target.n_embd)
         self.cost_ratio = companion_cost_ratio(self.head.n_params, target)
 
-    def entries(self, context: Sequence[int]) -> Sequence[int]:
-        return context[1:]  # the first entry needs the target's layer inputs at a token before it
+    unentered = 1  # the first entry needs the target's layer inputs at a token before it
 
     def states(self, start: int, stop: int) -> np.ndarray:
         # g at every position whose entry is evaluated now: the target has passed all but the last token.

@@ -137,9 +137,13 @@ class ChainedHeadDrafter(BaseDrafter):
     drafts_with_head = True
     min_confidence = HEAD_MIN_CONFIDENCE
 
+    # Tokens at the start of the context that build no entry (EAGLE-3: the first, which has no token before
+    # it to take the target's layer inputs from).
+    unentered = 0
+
     def entries(self, context: Sequence[int]) -> Sequence[int]:
         """The token each entry of the head's cache is built from, for ``context``."""
-        return context
+        return context[self.unentered :] if self.unentered else context
 
     def states(self, start: int, stop: int) -> np.ndarray:
         """The state rows the head reads with entries start..stop - 1."""
@@ -147,7 +151,7 @@ class ChainedHeadDrafter(BaseDrafter):
 
     def offer(self, state: RoundState) -> Offer | None:
         context = state.context
-        if not self.entries(context):
+        if len(context) <= self.unentered:  # asked every round: no copy of a context of 20k tokens
             return None
         return Offer(self.source, state.limit, catch_up=lambda: self._catch_up(context)[1])
 
