@@ -109,6 +109,7 @@ class ReplayTarget:
     n_ctx = 1 << 20
     mtp_layers = 0  # the recorded target is replayed without a head of its own
     keeps_head_inputs = False
+    last_rows = 0
 
     def __init__(self, n_vocab: int, eos: int, cost: Callable[[int], float], clock: Clock,
                  noise: Callable[[], float] | None = None) -> None:
@@ -136,6 +137,7 @@ class ReplayTarget:
 
     def eval(self, tokens: Sequence[int], *, n_logits: int = 1, progress=None, prefill: bool = False) -> np.ndarray:
         self.tokens.extend(tokens)
+        self.last_rows = len(tokens)
         if not prefill:
             seconds = self.cost(len(tokens))
             self.recorded_s += seconds

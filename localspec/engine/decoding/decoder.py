@@ -166,6 +166,7 @@ class SpeculativeDecoder:
         logits = target.eval(prompt[keep:], n_logits=1, progress=prefill_progress, prefill=True)[0]
         stats.prefill_tokens = len(prompt) - keep + target.replayed_tokens - replayed
         stats.prefill_s = self.clock() - start
+        self.controller.costs.prompt_evaluated()
         if target.large_eval is not None:
             # A large prompt pass hints at what long drafts cost; on a CPU they can be far cheaper per
             # token than short ones (llama.cpp switches kernels for larger batches).
@@ -221,7 +222,8 @@ class SpeculativeDecoder:
         offers = (
             offer for d in self.drafters if controller.allows(d.source) and (offer := d.offer(state)) is not None
         )
-        plan = controller.plan(offers, generated=self.stats.generated_tokens, remaining=budget)
+        plan = controller.plan(offers, generated=self.stats.generated_tokens, remaining=budget,
+                               last_rows=self.target.last_rows)
         k = max(0, min(plan.k, room, budget - 1))
         # Draft.
         drafter = self.drafter(plan.source) if k else None

@@ -58,6 +58,11 @@ class Target(Protocol):
         """MTP heads loaded with it (0: none to draft with)."""
 
     @property
+    def last_rows(self) -> int:
+        """Tokens of its latest pass (0 before any): a pass of another size makes llama.cpp build its graph
+        again."""
+
+    @property
     def keeps_head_inputs(self) -> bool:
         """Whether its passes also keep what a head reads (``hidden`` or ``features``), which the target
         alone does not pay for."""

@@ -144,6 +144,7 @@ class Model:
         self.n_embd_out: int = int(self._lib.llama_model_n_embd_out(self._model.model)) or self.n_embd
         self.tokens: list[int] = []
         self.large_eval: tuple[int, float] | None = None  # (tokens, seconds) of the latest large prompt pass
+        self.last_rows = 0  # tokens of the latest pass (0: none yet)
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._vocab = self._model.vocab
         self.bos_id: int = self._model.token_bos()
@@ -379,6 +380,7 @@ class Model:
                 chunk = tokens[start : start + self.n_batch]
                 self._decode(chunk, first_logit - start)
                 self.tokens.extend(chunk)
+                self.last_rows = len(chunk)
                 # llama.cpp keeps the trailing n_rs_seq + 1 tokens of a pass in one ubatch, whose states
                 # are the snapshots; the first of them has none before it within the pass.
                 self._removable = min(self.memory_plan.snapshots, len(chunk) - 1)
@@ -513,6 +515,7 @@ class Model:
         other._shares_model = True
         other.tokens = []
         other.large_eval = None
+        other.last_rows = 0
         other._removable = 0
         other._checkpoint = None
         other.replayed_tokens = 0

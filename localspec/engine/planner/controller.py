@@ -25,6 +25,11 @@ is tried with a short draft while what such probes lost in this answer (net of w
 under ``EXPLORE_SHARE`` of the time the target alone would have taken for its tokens so far. A probe
 also measures the pass it needs, which the cost curve of a new machine has not yet seen.
 
+A drafting round that follows one-token passes is charged the return to them as well: the one-token passes
+after a larger one run slower for a while (``Costs.return_s``; on SmolLM2-135M on the 2-core Intel Xeon
+0.3-0.6 of a pass, which made its one-token bets lose where their passes alone said they paid). Rounds
+drafting one after another pay it once, when they stop, so within a run of them it is not charged.
+
 A model drafter's catch-up (and, the first time, its loading) is paid once and repaid by the rounds after
 it, so in ``auto`` it is used only when its saving per token over the answer's expected remaining length
 exceeds that cost. Once its measured costs show it cannot beat the target alone even at a hopeful
@@ -181,6 +186,7 @@ class Controller:
         self._probe_floor = 0.0  # the cheapest probe's expected loss when none was affordable
         self._copy_offers: list[Offer] = []  # this round's copy offers, judged by what the round emits
         self._planned = 0  # rounds planned, over the session
+        self._leaving = 0.0  # what a drafting round pays this round beside its pass: the return (see above)
 
     def configure(self, method: str, draft_len: int | None) -> None:
         """Switch method or draft length mid-session; measured costs and acceptance are kept."""
@@ -217,6 +223,7 @@ class Controller:
         if self._probe_pending:
             self._probe_pending = False
             spent = (self.round_seconds(source, drafted) or 0.0) + self.overheads.of(drafted > 0)
+            spent += self._leaving if drafted else 0.0
             # A probe that paid funds the next ones in this answer: a drafter whose prior is wrong here
             # keeps being tried while it pays, and the answer as a whole never loses more than the budget.
             loss = spent - (accepted + 1) / self.target_alone_rate()
@@ -279,6 +286,7 @@ class Controller:
             "overhead_s": round(self.overheads.alone, 5),
             "drafting_overhead_s": round(self.overheads.of(True), 5),
             "checkpoint_s": None if costs.checkpoint_s is None else round(costs.checkpoint_s, 5),
+            "return_s": round(costs.return_s, 5),
             "restore_s": None if costs.restore_s is None else round(costs.restore_s, 5),
             **{f"{source}_acceptance": estimates.summary() for source, estimates in self._copies.items()},
             **{f"{source}_acceptance": round(m.acceptance.rate, 3) for source, m in self._models.items()},
@@ -307,7 +315,7 @@ class Controller:
         the drafting (``_drafting_seconds``), the overhead, and past a recurrent target's snapshots a
         checkpoint and, should the draft be rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
-        overhead = self.overheads.of(True)
+        overhead = self.overheads.of(True) + self._leaving
         if window is None and not step_cost:  # a copy on a KV cache: the pass and the overhead (most rounds)
             one, curve = costs.one, costs.relative_curve(len(rates) + 1)
             return [one * relative + overhead for relative in curve[2 : len(rates) + 2]]
@@ -431,14 +439,18 @@ class Controller:
         self._explored += 1
         return best
 
-    def plan(self, offers: Iterable[Offer], *, generated: int = 0, remaining: int | None = None) -> Plan:
+    def plan(
+        self, offers: Iterable[Offer], *, generated: int = 0, remaining: int | None = None, last_rows: int = 1
+    ) -> Plan:
         """Choose this round's plan from the drafters' ``offers`` (taken lazily: a forced offer ends them).
 
         Args:
             generated, remaining: tokens of the answer so far and left in its budget (None: unbounded).
+            last_rows: tokens of the target's latest pass (drafting after one-token passes pays the return).
         """
         method = self.method
         self._planned += 1
+        self._leaving = self.costs.return_s if last_rows == 1 else 0.0
         if method == TARGET_ALONE:
             return _target_only(Idle.METHOD_NONE)
         if self.speculation_off is not None:

@@ -32,6 +32,12 @@ DEFAULT_DRAFT_COST_RATIO = 0.5
 COST_WINDOW = 7
 # A batch size with fewer samples than this is not yet trusted.
 TRUSTED_SAMPLES = 3
+# One-token passes right after a larger one are slower, the first most: llama.cpp builds its graph for one
+# token again, and the machine takes a while to come back from the heavier pass (a pass on another context
+# shows it too). On the 2-core Intel Xeon after a 3-token pass of SmolLM2-135M: +9%, +4%, +3%, then 1-2% for
+# several passes, 0.3-0.6 of a pass in all. The excess of this many one-token passes after a larger one
+# over a one-token pass is what leaving one-token passes costs (``return_s``).
+RETURN_PASSES = 8
 
 
 def output_share(n_vocab: int, n_embd: int, n_params: int) -> float:
@@ -123,6 +129,12 @@ class Costs:
         self._checkpoints, self._restores = RecentMedian(), RecentMedian()
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
+        # The one-token passes since the last larger one while they are fewer than RETURN_PASSES (else None),
+        # and their excess over a one-token pass so far.
+        self._returning: int | None = None
+        self._return_excess = 0.0
+        self._returns = RecentMedian()
+        self.return_s = 0.0  # what leaving one-token passes costs (RETURN_PASSES); free until measured
         self._held: list[tuple[int, float]] | None = None  # passes timed inside ``held``, not yet recorded
 
     # -- target passes ---------------------------------------------------------------------------
@@ -141,10 +153,22 @@ class Costs:
                 self.record_pass(batch_size, seconds)
 
     def record_pass(self, batch_size: int, seconds: float) -> None:
+        """A target pass of ``batch_size`` tokens, in the order the machine ran them. The RETURN_PASSES
+        one-token passes after a larger one also measure ``return_s``: they stay one-token samples, or a
+        session that drafts in most rounds would seldom time one (a median of seven shrugs off the slower)."""
         if self._held is not None:
             self._held.append((batch_size, seconds))
             return
+        if batch_size == 1 and self._returning is not None and self.one is not None:
+            self._return_excess += seconds - self.one
+            self._returning += 1
+            if self._returning == RETURN_PASSES:
+                self.return_s = max(0.0, self._returns.add(self._return_excess))
+                self._returning = None
         if batch_size != 1:
+            # A return cut short by another larger pass is not what leaving one-token passes costs: it
+            # starts again.
+            self._returning, self._return_excess = 0, 0.0
             if self.one is None:
                 self._unscaled.append((batch_size, seconds))
             else:
@@ -155,6 +179,11 @@ class Costs:
         for batch, unscaled in self._unscaled:
             self._add_sample(batch, unscaled / self.one)
         self._unscaled.clear()
+
+    def prompt_evaluated(self) -> None:
+        """A prompt was evaluated: the one-token passes after it follow the prefill, not a larger verification,
+        so a return in progress is dropped."""
+        self._returning = None
 
     def record_prefill(self, batch_size: int, seconds: float, output_share: float) -> None:
         """A prompt pass of ``batch_size`` tokens, kept as a hint of what long drafts cost. It computed one
