@@ -9,7 +9,7 @@ from localspec.engine.decoding.acceptance import verify_sampled
 from localspec.engine.decoding.sampling import sample
 from localspec.engine.drafters.base import Offer
 from localspec.engine.planner.controller import EXPLORE_SHARE, MAX_DRAFT_LEN, REPRICE_ROUNDS, Controller
-from localspec.engine.planner.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, TRUSTED_SAMPLES
+from localspec.engine.planner.costs import COST_WINDOW, PRIOR_BATCH_SLOPE, RETURN_PASSES, TRUSTED_SAMPLES
 from localspec.engine.planner.estimates import expected_tokens
 from localspec.errors import UsageError
 
@@ -245,6 +245,53 @@ def test_on_a_gpu_even_a_poor_lookup_pays():
     assert controller.acceptance("lookup", 1) == pytest.approx(0.1, abs=0.02)
     plan = choose(controller, lookup_available=8, lookup_match_len=1)
     assert (plan.source, plan.explored) == ("lookup", False)
+
+
+def test_the_one_token_passes_after_a_larger_one_price_the_return_to_them():
+    """What the RETURN_PASSES one-token passes after a larger pass take beyond the one-token pass before it
+    is the return's cost; a return cut short by another larger pass starts again, one a prompt interrupts
+    is dropped. The slower passes stay one-token samples."""
+    controller = measured(CPU)
+    costs, one = controller.costs, CPU[1]
+    slower = [0.012, 0.006, 0.004] + [0.002] * (RETURN_PASSES - 3)
+
+    def steady():
+        for _ in range(COST_WINDOW):
+            costs.record_pass(1, one)
+
+    steady()
+    costs.record_pass(3, CPU[3])
+    for extra in slower[:2]:
+        costs.record_pass(1, one + extra)
+    costs.record_pass(5, CPU[5])  # cut short: nothing priced yet
+    costs.prompt_evaluated()
+    for extra in slower:
+        costs.record_pass(1, one + extra)  # they follow the prompt: nothing priced either
+    assert costs.return_s == 0.0 and costs.one > one  # they were one-token samples
+    for _ in range(2):
+        steady()
+        costs.record_pass(3, CPU[3])
+        for extra in slower:
+            costs.record_pass(1, one + extra)
+        assert costs.return_s == pytest.approx(sum(slower))
+
+
+def test_a_bet_that_pays_on_its_pass_alone_is_refused_when_the_return_to_one_token_passes_eats_its_edge():
+    """Offers right 7 times in 10 beat this curve's 0.55 on the pass alone; with a return of a third of a
+    pass measured, a one-token bet after one-token passes no longer pays, while one right after a larger
+    pass (the return is paid whatever this round does) still does."""
+    controller = measured(CPU, method="auto")
+    offer_short_copies(controller, right_in_ten=7, rounds=30)
+    assert choose(controller, lookup_available=1, lookup_match_len=2).source == "lookup"
+    for _ in range(COST_WINDOW):  # isolated bets, each after a run of one-token passes
+        for _ in range(COST_WINDOW):
+            controller.costs.record_pass(1, CPU[1])
+        controller.costs.record_pass(2, CPU[2])
+        for _ in range(RETURN_PASSES):
+            controller.costs.record_pass(1, CPU[1] + CPU[1] / 3 / RETURN_PASSES)
+    assert controller.beliefs()["return_s"] == pytest.approx(CPU[1] / 3, rel=0.2)
+    assert choose(controller, lookup_available=1, lookup_match_len=2, last_rows=1).source == "none"
+    assert choose(controller, lookup_available=1, lookup_match_len=2, last_rows=2).source == "lookup"
 
 
 def test_a_one_token_bet_the_estimate_says_pays_is_made_however_few_offers_it_rests_on():

@@ -132,7 +132,7 @@ class Costs:
         # The one-token passes since the last larger one while they are fewer than RETURN_PASSES (else None),
         # and their excess over a one-token pass so far.
         self._returning: int | None = None
-        self._return_excess = 0.0
+        self._return_excess = self._return_base = 0.0
         self._returns = RecentMedian()
         self.return_s = 0.0  # what leaving one-token passes costs (RETURN_PASSES); free until measured
         self._held: list[tuple[int, float]] | None = None  # passes timed inside ``held``, not yet recorded
@@ -154,25 +154,27 @@ class Costs:
 
     def record_pass(self, batch_size: int, seconds: float) -> None:
         """A target pass of ``batch_size`` tokens, in the order the machine ran them. The RETURN_PASSES
-        one-token passes after a larger one also measure ``return_s``: they stay one-token samples, or a
-        session that drafts in most rounds would seldom time one (a median of seven shrugs off the slower)."""
+        one-token passes after a larger one also measure ``return_s``. They stay one-token samples, or a
+        session that drafts in most rounds would seldom time one; for a few rounds after a larger pass they
+        make a one-token pass look dearer, and so every pass alike, the priced choices among them barely."""
         if self._held is not None:
             self._held.append((batch_size, seconds))
             return
-        if batch_size == 1 and self._returning is not None and self.one is not None:
-            self._return_excess += seconds - self.one
+        if batch_size == 1 and self._returning is not None:
+            # Against the one-token pass before the larger one: the slower passes move the median as they come.
+            self._return_excess += seconds - self._return_base
             self._returning += 1
             if self._returning == RETURN_PASSES:
                 self.return_s = max(0.0, self._returns.add(self._return_excess))
                 self._returning = None
         if batch_size != 1:
-            # A return cut short by another larger pass is not what leaving one-token passes costs: it
-            # starts again.
-            self._returning, self._return_excess = 0, 0.0
             if self.one is None:
                 self._unscaled.append((batch_size, seconds))
-            else:
-                self._add_sample(batch_size, seconds / self.one)
+                return
+            # A return cut short by another larger pass is not what leaving one-token passes costs: it
+            # starts again.
+            self._returning, self._return_excess, self._return_base = 0, 0.0, self.one
+            self._add_sample(batch_size, seconds / self.one)
             return
         self.one = self._add_sample(1, seconds)
         self._relative[1] = 1.0
