@@ -312,8 +312,9 @@ class Controller:
     # -- decisions -------------------------------------------------------------------------------
     def _seconds(self, rates: Sequence[float], step_cost: float, block: bool = False) -> list[float]:
         """Expected seconds of a round drafting k = 1..len(rates) tokens (index k - 1): the target pass,
-        the drafting (``_drafting_seconds``), the overhead, and past a recurrent target's snapshots a
-        checkpoint and, should the draft be rejected, a restore and a replay."""
+        the drafting (``_drafting_seconds``), the overhead with the return to one-token passes where this
+        round leaves them, and past a recurrent target's snapshots a checkpoint and, should the draft be
+        rejected, a restore and a replay."""
         costs, window = self.costs, self.rollback_window
         overhead = self.overheads.of(True) + self._leaving
         if window is None and not step_cost:  # a copy on a KV cache: the pass and the overhead (most rounds)
