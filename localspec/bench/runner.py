@@ -204,13 +204,13 @@ class BenchRunner:
         # The baseline runs on the given caches, every other configuration on caches of its own; where the
         # given ones keep a head's inputs on every pass, so does the baseline's target alone (~1% of a
         # SmolLM2 pass for an EAGLE-3 head's three layers), and it is not the target alone.
-        shared = not decoder.target.keeps_head_inputs
+        keeps = decoder.target.keeps_head_inputs
         self.decoders = {
             config: decoder.sibling(
                 method=config.method,
                 draft_len=config.draft_len,
                 history=HistoryStore(None) if config.history else None,
-                own_caches=config != BASELINE or not shared,
+                own_caches=config != BASELINE or keeps,
             )
             for config in settings.all_configs
         }

@@ -59,8 +59,8 @@ class Target(Protocol):
 
     @property
     def last_rows(self) -> int:
-        """Tokens of its latest pass (0 before any): a pass of another size makes llama.cpp build its graph
-        again."""
+        """Tokens of its latest pass (0 before any): the one-token passes after a larger one run slower for a
+        while (``Costs.return_s``)."""
 
     @property
     def keeps_head_inputs(self) -> bool:

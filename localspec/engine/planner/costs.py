@@ -130,7 +130,7 @@ class Costs:
         self.checkpoint_s: float | None = None  # saving a recurrent state; free until first measured
         self.restore_s: float | None = None  # restoring one, beyond the replay pass itself
         # The one-token passes since the last larger one while they are fewer than RETURN_PASSES (else None),
-        # and their excess over a one-token pass so far.
+        # their excess so far, and the one-token pass before the larger one that it is taken against.
         self._returning: int | None = None
         self._return_excess = self._return_base = 0.0
         self._returns = RecentMedian()
